@@ -1,0 +1,1 @@
+"""fredica-worker: the supervisor daemon, its task store and its control surface."""

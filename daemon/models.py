@@ -1,0 +1,227 @@
+"""Domain types: task and run statuses, the allowed transitions, and frozen row snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Any, Mapping
+
+
+class TaskStatus(enum.StrEnum):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RUNNING})
+
+# SPEC §3, as data: the only status changes the store will make. The terminal states have no entry,
+# so nothing ever leaves them.
+ALLOWED_TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.PENDING: frozenset({TaskStatus.CLAIMED, TaskStatus.CANCELLED, TaskStatus.FAILED}),
+    TaskStatus.CLAIMED: frozenset(
+        {
+            TaskStatus.RUNNING,
+            TaskStatus.COMPLETED,
+            TaskStatus.PENDING,
+            TaskStatus.CANCELLED,
+            TaskStatus.FAILED,
+        }
+    ),
+    TaskStatus.RUNNING: frozenset(
+        {TaskStatus.COMPLETED, TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.CANCELLED}
+    ),
+}
+
+
+def sources_of(target: TaskStatus) -> frozenset[TaskStatus]:
+    """The statuses from which a task may move to `target`."""
+    return frozenset(src for src, targets in ALLOWED_TRANSITIONS.items() if target in targets)
+
+
+# Error types with a fixed meaning (SPEC §6). Any other error type is retryable.
+CANCELLED = "CANCELLED"
+AWAITING_CREDENTIAL = "AWAITING_CREDENTIAL"
+PAYLOAD_ERROR = "PAYLOAD_ERROR"
+NO_EXECUTOR = "NO_EXECUTOR"
+EXCEPTION = "EXCEPTION"
+CRASHED = "CRASHED"
+TIMEOUT = "TIMEOUT"
+INTERRUPTED = "INTERRUPTED"
+ORPHANED = "ORPHANED"
+DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
+NEVER_RETRIED = frozenset({CANCELLED, AWAITING_CREDENTIAL, PAYLOAD_ERROR, NO_EXECUTOR})
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Task:
+    """A snapshot of one `task` row; `payload` and `result` are parsed JSON."""
+
+    seq: int
+    id: str
+    type: str
+    workflow_run_id: str
+    material_id: str | None
+    status: TaskStatus
+    priority: int
+    depends_on: tuple[str, ...]
+    payload: dict[str, Any]
+    result: Any
+    error: str | None
+    error_type: str | None
+    idempotency_key: str | None
+    retry_count: int
+    max_retries: int
+    progress: int
+    status_text: str | None
+    is_paused: bool
+    is_pausable: bool
+    timeout: float | None
+    not_before: float
+    executor_pid: int | None
+    executor_started_at: float | None
+    created_at: float
+    claimed_at: float | None
+    started_at: float | None
+    completed_at: float | None
+    heartbeat_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Task":
+        return cls(
+            seq=row["seq"],
+            id=row["id"],
+            type=row["type"],
+            workflow_run_id=row["workflow_run_id"],
+            material_id=row["material_id"],
+            status=TaskStatus(row["status"]),
+            priority=row["priority"],
+            depends_on=tuple(json.loads(row["depends_on"] or "[]")),
+            payload=json.loads(row["payload"] or "{}"),
+            result=_loads(row["result"]),
+            error=row["error"],
+            error_type=row["error_type"],
+            idempotency_key=row["idempotency_key"],
+            retry_count=row["retry_count"],
+            max_retries=row["max_retries"],
+            progress=row["progress"],
+            status_text=row["status_text"],
+            is_paused=bool(row["is_paused"]),
+            is_pausable=bool(row["is_pausable"]),
+            timeout=row["timeout"],
+            not_before=row["not_before"],
+            executor_pid=row["executor_pid"],
+            executor_started_at=row["executor_started_at"],
+            created_at=row["created_at"],
+            claimed_at=row["claimed_at"],
+            started_at=row["started_at"],
+            completed_at=row["completed_at"],
+            heartbeat_at=row["heartbeat_at"],
+        )
+
+    @property
+    def display_status(self) -> str:
+        """The status as people see it (SPEC §3): waiting, paused, or the stored status."""
+        if self.status in (TaskStatus.PENDING, TaskStatus.CLAIMED):
+            return "waiting"
+        if self.status is TaskStatus.RUNNING and self.is_paused:
+            return "paused"
+        return self.status.value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as plain JSON-ready values, keyed by column name."""
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        data["depends_on"] = list(self.depends_on)
+        return data
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunCounts:
+    """How many of a run's tasks are in each status."""
+
+    pending: int = 0
+    claimed: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.pending + self.claimed + self.running + self.completed + self.failed + self.cancelled
+        )
+
+    @property
+    def active(self) -> int:
+        return self.pending + self.claimed + self.running
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowRun:
+    """A snapshot of one `workflow_run` row."""
+
+    id: str
+    material_id: str | None
+    template: str
+    status: RunStatus
+    total_tasks: int
+    done_tasks: int
+    counts: RunCounts
+    created_at: float
+    completed_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "WorkflowRun":
+        return cls(
+            id=row["id"],
+            material_id=row["material_id"],
+            template=row["template"],
+            status=RunStatus(row["status"]),
+            total_tasks=row["total_tasks"],
+            done_tasks=row["done_tasks"],
+            counts=RunCounts(
+                pending=row["pending_tasks"],
+                claimed=row["claimed_tasks"],
+                running=row["running_tasks"],
+                completed=row["done_tasks"],
+                failed=row["failed_tasks"],
+                cancelled=row["cancelled_tasks"],
+            ),
+            created_at=row["created_at"],
+            completed_at=row["completed_at"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "material_id": self.material_id,
+            "template": self.template,
+            "status": self.status.value,
+            "total_tasks": self.total_tasks,
+            "done_tasks": self.done_tasks,
+            "created_at": self.created_at,
+            "completed_at": self.completed_at,
+        }

@@ -1,0 +1,186 @@
+"""Versioned, append-only schema migrations, tracked in `PRAGMA user_version`.
+
+Never edit a migration that has shipped: add a new one. Each runs in one transaction together with
+the bump of `user_version`, so a crash mid-migration leaves the previous version intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+
+from daemon.errors import MigrationError
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# 1: the seed's three tables with the seed's column names. `seq` is an explicit INTEGER PRIMARY KEY
+# (unlike a bare rowid, VACUUM never renumbers it) that records strict submission order.
+SEED_TABLES = Migration(
+    1,
+    "seed tables",
+    (
+        """
+        CREATE TABLE workflow_run (
+            id TEXT PRIMARY KEY,
+            material_id TEXT,
+            template TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            total_tasks INTEGER NOT NULL DEFAULT 0,
+            done_tasks INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            completed_at REAL
+        )
+        """,
+        """
+        CREATE TABLE task (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            type TEXT NOT NULL,
+            workflow_run_id TEXT NOT NULL REFERENCES workflow_run(id),
+            material_id TEXT,
+            status TEXT NOT NULL DEFAULT 'pending',
+            priority INTEGER NOT NULL DEFAULT 0,
+            depends_on TEXT NOT NULL DEFAULT '[]',
+            payload TEXT NOT NULL DEFAULT '{}',
+            result TEXT,
+            error TEXT,
+            error_type TEXT,
+            idempotency_key TEXT,
+            retry_count INTEGER NOT NULL DEFAULT 0,
+            max_retries INTEGER NOT NULL DEFAULT 0,
+            progress INTEGER NOT NULL DEFAULT 0,
+            is_paused INTEGER NOT NULL DEFAULT 0,
+            is_pausable INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            claimed_at REAL,
+            started_at REAL,
+            completed_at REAL,
+            heartbeat_at REAL
+        )
+        """,
+        "CREATE INDEX task_by_run ON task(workflow_run_id, status)",
+        "CREATE INDEX task_by_status ON task(status)",
+        """
+        CREATE TABLE restart_task_log (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            task_type TEXT NOT NULL,
+            workflow_run_id TEXT,
+            material_id TEXT,
+            status_at_restart TEXT NOT NULL,
+            payload TEXT,
+            progress INTEGER NOT NULL DEFAULT 0,
+            disposition TEXT NOT NULL DEFAULT 'pending_review',
+            new_workflow_run_id TEXT,
+            created_at REAL NOT NULL,
+            resolved_at REAL
+        )
+        """,
+        "CREATE INDEX restart_task_log_by_disposition ON restart_task_log(disposition)",
+    ),
+)
+
+# 2: what the scheduler needs to stay cheap however many tasks wait.
+# - `task_dependency` holds the edges of `depends_on` (JSON stays the seed's record of them) and
+#   `unmet_deps` counts a task's dependencies that are not completed yet, so claiming reads only
+#   the partial index of ready tasks and never scans blocked ones.
+# - per-status counters on `workflow_run` let a run's status follow every task change in O(1).
+# - the partial unique index makes idempotency atomic: two active tasks cannot share a key.
+SCHEDULING = Migration(
+    2,
+    "scheduling: dependency edges, ready index, run counters, active idempotency keys",
+    (
+        "ALTER TABLE task ADD COLUMN status_text TEXT",
+        "ALTER TABLE task ADD COLUMN timeout REAL",
+        "ALTER TABLE task ADD COLUMN not_before REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE task ADD COLUMN executor_pid INTEGER",
+        "ALTER TABLE task ADD COLUMN executor_started_at REAL",
+        "ALTER TABLE task ADD COLUMN unmet_deps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workflow_run ADD COLUMN pending_tasks INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workflow_run ADD COLUMN claimed_tasks INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workflow_run ADD COLUMN running_tasks INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workflow_run ADD COLUMN failed_tasks INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workflow_run ADD COLUMN cancelled_tasks INTEGER NOT NULL DEFAULT 0",
+        """
+        CREATE TABLE task_dependency (
+            depends_on_seq INTEGER NOT NULL REFERENCES task(seq),
+            task_seq INTEGER NOT NULL REFERENCES task(seq),
+            PRIMARY KEY (depends_on_seq, task_seq)
+        ) WITHOUT ROWID
+        """,
+        """
+        INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq)
+        SELECT upstream.seq, task.seq
+        FROM task, json_each(task.depends_on) AS dep
+        JOIN task AS upstream ON upstream.id = dep.value
+        """,
+        """
+        UPDATE task SET unmet_deps = (
+            SELECT count(*) FROM task_dependency AS d JOIN task AS upstream ON upstream.seq = d.depends_on_seq
+            WHERE d.task_seq = task.seq AND upstream.status != 'completed'
+        )
+        """,
+        """
+        UPDATE workflow_run SET
+            total_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id),
+            pending_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'pending'),
+            claimed_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'claimed'),
+            running_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'running'),
+            done_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'completed'),
+            failed_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'failed'),
+            cancelled_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'cancelled')
+        """,
+        # Claim order: priority DESC, then submission order. Only ready tasks are in this index.
+        "CREATE INDEX task_ready ON task(priority DESC, seq) WHERE status = 'pending' AND unmet_deps = 0",
+        """
+        CREATE UNIQUE INDEX task_active_idempotency ON task(idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'claimed', 'running')
+        """,
+        "CREATE INDEX workflow_run_by_status ON workflow_run(status)",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING)
+LATEST = MIGRATIONS[-1].version
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection, target: int = LATEST) -> int:
+    """Apply every migration above the database's version up to `target`; return the new version."""
+    version = current_version(conn)
+    if version > LATEST:
+        raise MigrationError(
+            f"the database has schema version {version}, newer than this fredica-worker "
+            f"understands ({LATEST}): upgrade fredica-worker"
+        )
+    for migration in MIGRATIONS:
+        if version < migration.version <= target:
+            _apply(conn, migration)
+            version = migration.version
+    return version
+
+
+def _apply(conn: sqlite3.Connection, migration: Migration) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Re-read under the write lock: another process may have migrated while we waited for it.
+        if current_version(conn) >= migration.version:
+            conn.execute("ROLLBACK")
+            return
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {migration.version}")
+    except sqlite3.Error as exc:
+        conn.execute("ROLLBACK")
+        raise MigrationError(f"migration {migration.version} ({migration.name}) failed: {exc}") from exc
+    conn.execute("COMMIT")

@@ -1,0 +1,160 @@
+"""Workflow-run repository: creation, the status that follows its tasks, reconciliation.
+
+A run's status is never written by callers. Its per-status task counters move in the same
+transaction as every task transition (`shift_counts`), and the status is derived from them by
+`scheduler.run_status`; `recompute` rebuilds the counters from the task rows themselves.
+"""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+import uuid
+from typing import Iterable
+
+from daemon import scheduler
+from daemon.errors import UnknownRun
+from daemon.models import RunCounts, RunStatus, TaskStatus, WorkflowRun
+
+COUNT_COLUMN = {
+    TaskStatus.PENDING: "pending_tasks",
+    TaskStatus.CLAIMED: "claimed_tasks",
+    TaskStatus.RUNNING: "running_tasks",
+    TaskStatus.COMPLETED: "done_tasks",
+    TaskStatus.FAILED: "failed_tasks",
+    TaskStatus.CANCELLED: "cancelled_tasks",
+}
+NON_TERMINAL_RUN_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+# A shift of `count` tasks of one run from one status to another.
+Shift = tuple[str, TaskStatus, TaskStatus]
+
+
+def create(conn: sqlite3.Connection, *, template: str, material_id: str | None, now: float) -> str:
+    """Insert an empty run; its tasks are added with `add_tasks`."""
+    run_id = str(uuid.uuid4())
+    conn.execute(
+        "INSERT INTO workflow_run (id, material_id, template, status, created_at) VALUES (?, ?, ?, ?, ?)",
+        (run_id, material_id, template, RunStatus.PENDING.value, now),
+    )
+    return run_id
+
+
+def add_tasks(conn: sqlite3.Connection, run_id: str, count: int, now: float) -> None:
+    """Count `count` freshly inserted pending tasks into the run."""
+    conn.execute(
+        "UPDATE workflow_run SET total_tasks = total_tasks + ?, pending_tasks = pending_tasks + ? WHERE id = ?",
+        (count, count, run_id),
+    )
+    refresh_status(conn, [run_id], now)
+
+
+def delete_empty(conn: sqlite3.Connection, run_id: str) -> None:
+    """Drop a run that received no task (every task of its submission was a duplicate)."""
+    conn.execute("DELETE FROM workflow_run WHERE id = ? AND total_tasks = 0", (run_id,))
+
+
+def find(conn: sqlite3.Connection, run_id: str) -> WorkflowRun | None:
+    row = conn.execute("SELECT * FROM workflow_run WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None else WorkflowRun.from_row(row)
+
+
+def get(conn: sqlite3.Connection, run_id: str) -> WorkflowRun:
+    run = find(conn, run_id)
+    if run is None:
+        raise UnknownRun(f"no workflow run has id {run_id}")
+    return run
+
+
+def list_runs(
+    conn: sqlite3.Connection, *, status: str | None = None, limit: int | None = None
+) -> list[WorkflowRun]:
+    """Runs, newest first."""
+    sql, params = "SELECT * FROM workflow_run", []
+    if status is not None:
+        sql += " WHERE status = ?"
+        params.append(status)
+    sql += " ORDER BY created_at DESC, rowid DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [WorkflowRun.from_row(row) for row in conn.execute(sql, params)]
+
+
+def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) -> None:
+    """Move task counters for transitions just applied, then refresh the runs' statuses."""
+    tally = collections.Counter(shifts)
+    for (run_id, source, target), count in tally.items():
+        src, dst = COUNT_COLUMN[source], COUNT_COLUMN[target]
+        conn.execute(
+            f"UPDATE workflow_run SET {src} = {src} - ?, {dst} = {dst} + ? WHERE id = ?",
+            (count, count, run_id),
+        )
+    refresh_status(conn, {run_id for run_id, _, _ in tally}, now)
+
+
+def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float) -> None:
+    """Write each run's status and `completed_at` as its counters say (skipping unchanged rows)."""
+    for run_id in run_ids:
+        row = conn.execute("SELECT * FROM workflow_run WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            continue
+        run = WorkflowRun.from_row(row)
+        _write_status(conn, run, run.counts, now)
+
+
+def _write_status(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> None:
+    status = scheduler.run_status(counts)
+    # `completed_at`: set once the run has no active task left, kept from then on.
+    completed_at = (run.completed_at or now) if counts.active == 0 else None
+    if status is not run.status or completed_at != run.completed_at:
+        conn.execute(
+            "UPDATE workflow_run SET status = ?, completed_at = ? WHERE id = ?",
+            (status.value, completed_at, run.id),
+        )
+
+
+def counts_from_tasks(conn: sqlite3.Connection, run_id: str) -> RunCounts:
+    """The run's counters computed from scratch from its task rows."""
+    rows = conn.execute(
+        "SELECT status, count(*) FROM task WHERE workflow_run_id = ? GROUP BY status", (run_id,)
+    ).fetchall()
+    by_status = {TaskStatus(status).value: count for status, count in rows}
+    return RunCounts(**by_status)
+
+
+def recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
+    """Rebuild the run's counters and status from its tasks; used by reconciliation."""
+    run = get(conn, run_id)
+    counts = counts_from_tasks(conn, run_id)
+    conn.execute(
+        """
+        UPDATE workflow_run SET total_tasks = ?, pending_tasks = ?, claimed_tasks = ?,
+            running_tasks = ?, done_tasks = ?, failed_tasks = ?, cancelled_tasks = ?
+        WHERE id = ?
+        """,
+        (
+            counts.total,
+            counts.pending,
+            counts.claimed,
+            counts.running,
+            counts.completed,
+            counts.failed,
+            counts.cancelled,
+            run_id,
+        ),
+    )
+    _write_status(conn, run, counts, now)
+    return get(conn, run_id)
+
+
+def reconcile_non_terminal(conn: sqlite3.Connection, now: float) -> list[WorkflowRun]:
+    """Recompute every run whose stored status is not terminal (SPEC §9 step 6)."""
+    placeholders = ", ".join("?" * len(NON_TERMINAL_RUN_STATUSES))
+    run_ids = [
+        row[0]
+        for row in conn.execute(
+            f"SELECT id FROM workflow_run WHERE status IN ({placeholders})", NON_TERMINAL_RUN_STATUSES
+        )
+    ]
+    return [recompute(conn, run_id, now) for run_id in run_ids]

@@ -1,0 +1,548 @@
+"""Task repository: submission (with idempotency), claiming, and the one guarded transition.
+
+Every status change of a task goes through `_transition`, which runs
+`UPDATE task ... WHERE seq IN (...) AND status IN (<allowed sources>)`, moves the run counters and
+applies the consequences (dependents unblocked or cancelled) in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import uuid
+from typing import Any, Iterable, Mapping, Sequence
+
+from daemon import models
+from daemon.errors import InvalidTransition, SubmissionRefused, UnknownRun, UnknownTask
+from daemon.models import Task, TaskStatus
+from daemon.store import runs
+from daemon.store.db import write
+from daemon.submission import TaskSpec, resolve_batch
+
+# Spelled exactly as in the partial index `task_active_idempotency`: SQLite matches the upsert's
+# conflict target against the index's WHERE clause term by term.
+ACTIVE_SQL = "'pending', 'claimed', 'running'"
+
+# Columns a transition may set besides the status and the timestamps it sets itself.
+TRANSITION_FIELDS = frozenset(
+    {
+        "result",
+        "error",
+        "error_type",
+        "progress",
+        "status_text",
+        "retry_count",
+        "not_before",
+        "executor_pid",
+        "executor_started_at",
+        "is_pausable",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedTask:
+    """One spec's outcome: the id it resolved to, and whether a new task was stored for it."""
+
+    id: str
+    created: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """The outcome of a submission; `run_id` is None when every spec was a duplicate."""
+
+    run_id: str | None
+    tasks: tuple[SubmittedTask, ...]
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+
+def find(conn: sqlite3.Connection, task_id: str) -> Task | None:
+    row = conn.execute("SELECT * FROM task WHERE id = ?", (task_id,)).fetchone()
+    return None if row is None else Task.from_row(row)
+
+
+def get(conn: sqlite3.Connection, task_id: str) -> Task:
+    task = find(conn, task_id)
+    if task is None:
+        raise UnknownTask(f"no task has id {task_id}")
+    return task
+
+
+def list_tasks(
+    conn: sqlite3.Connection,
+    *,
+    status: str | Iterable[str] | None = None,
+    run_id: str | None = None,
+    task_type: str | None = None,
+    limit: int | None = None,
+) -> list[Task]:
+    """Tasks in submission order, filtered by status(es), run and type."""
+    clauses, params = [], []
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else list(status)
+        clauses.append(f"status IN ({', '.join('?' * len(statuses))})")
+        params.extend(statuses)
+    if run_id is not None:
+        clauses.append("workflow_run_id = ?")
+        params.append(run_id)
+    if task_type is not None:
+        clauses.append("type = ?")
+        params.append(task_type)
+    sql = "SELECT * FROM task"
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    sql += " ORDER BY seq"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [Task.from_row(row) for row in conn.execute(sql, params)]
+
+
+def results_of(conn: sqlite3.Connection, task_ids: Sequence[str]) -> dict[str, Any]:
+    """Parsed `result` of each given task (dependency id → result), for `ctx.upstream`."""
+    if not task_ids:
+        return {}
+    rows = conn.execute(
+        f"SELECT id, result FROM task WHERE id IN ({', '.join('?' * len(task_ids))})", list(task_ids)
+    )
+    return {row["id"]: (None if row["result"] is None else json.loads(row["result"])) for row in rows}
+
+
+# --- submission --------------------------------------------------------------------------------
+
+
+def submit(
+    conn: sqlite3.Connection,
+    specs: Sequence[TaskSpec],
+    *,
+    now: float,
+    template: str = "adhoc",
+    material_id: str | None = None,
+) -> Submission:
+    """Store a workflow run with `specs` as its tasks, atomically (SPEC §5, §10).
+
+    A spec whose idempotency key is held by an active task is not stored: it resolves to that task,
+    and later specs depending on it depend on that task. Anything invalid refuses the whole batch.
+    """
+    resolved = resolve_batch(specs)
+    with write(conn):
+        external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
+        run_id = runs.create(conn, template=template, material_id=material_id, now=now)
+        outcomes: list[SubmittedTask] = []
+        # (seq, status) of each spec's task, for dependencies inside the batch.
+        batch: list[tuple[int, TaskStatus]] = []
+        for spec, deps in zip(specs, resolved):
+            upstream = [batch[d.batch_index] if d.task_id is None else external[d.task_id] for d in deps]
+            upstream_ids = [
+                outcomes[d.batch_index].id if d.task_id is None else d.task_id for d in deps
+            ]
+            inserted = _insert(conn, spec, run_id, upstream, upstream_ids, material_id, now)
+            if inserted is None:
+                existing = _active_with_key(conn, spec.idempotency_key)
+                outcomes.append(SubmittedTask(existing["id"], created=False))
+                batch.append((existing["seq"], TaskStatus(existing["status"])))
+            else:
+                outcomes.append(SubmittedTask(inserted[1], created=True))
+                batch.append((inserted[0], TaskStatus.PENDING))
+        created = sum(o.created for o in outcomes)
+        if created:
+            runs.add_tasks(conn, run_id, created, now)
+        else:
+            runs.delete_empty(conn, run_id)
+    return Submission(run_id if created else None, tuple(outcomes))
+
+
+def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[str, tuple[int, TaskStatus]]:
+    found: dict[str, tuple[int, TaskStatus]] = {}
+    ids = sorted(task_ids)
+    for start in range(0, len(ids), 500):  # stay below SQLite's bound-parameter limit
+        chunk = ids[start : start + 500]
+        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})"
+        for row in conn.execute(sql, chunk):
+            found[row["id"]] = (row["seq"], TaskStatus(row["status"]))
+    for task_id in ids:
+        if task_id not in found:
+            raise SubmissionRefused(f"unknown dependency {task_id}: no task or earlier line has that id or key")
+        status = found[task_id][1]
+        if status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            raise SubmissionRefused(f"dependency {task_id} is {status}: the task could never run")
+    return found
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    spec: TaskSpec,
+    run_id: str,
+    upstream: list[tuple[int, TaskStatus]],
+    upstream_ids: list[str],
+    run_material_id: str | None,
+    now: float,
+) -> tuple[int, str] | None:
+    """Insert one task; None when an active task holds its idempotency key."""
+    task_id = spec.id or str(uuid.uuid4())
+    unmet = sum(status is not TaskStatus.COMPLETED for _, status in upstream)
+    try:
+        row = conn.execute(
+            f"""
+            INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
+                payload, idempotency_key, max_retries, timeout, unmet_deps, created_at)
+            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
+            RETURNING seq
+            """,
+            (
+                task_id,
+                spec.type,
+                run_id,
+                spec.material_id or run_material_id,
+                spec.priority,
+                json.dumps(upstream_ids),
+                json.dumps(spec.payload),
+                spec.idempotency_key,
+                spec.max_retries,
+                spec.timeout,
+                unmet,
+                now,
+            ),
+        ).fetchone()
+    except sqlite3.IntegrityError as exc:
+        raise SubmissionRefused(f"task id {task_id} is already taken") from exc
+    if row is None:
+        return None
+    seq = row[0]
+    conn.executemany(
+        "INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq) VALUES (?, ?)",
+        [(up_seq, seq) for up_seq, _ in upstream],
+    )
+    return seq, task_id
+
+
+def _active_with_key(conn: sqlite3.Connection, key: str | None) -> sqlite3.Row:
+    row = conn.execute(
+        f"SELECT id, seq, status FROM task WHERE idempotency_key = ? AND status IN ({ACTIVE_SQL})",
+        (key,),
+    ).fetchone()
+    assert row is not None, "the insert conflicted, so an active task holds the key"
+    return row
+
+
+# --- the guarded transition --------------------------------------------------------------------
+
+
+def _transition(
+    conn: sqlite3.Connection,
+    rows: Sequence[Mapping[str, Any]],
+    target: TaskStatus,
+    *,
+    now: float,
+    fields: Mapping[str, Any] | None = None,
+    cascade: bool = True,
+) -> list[Task]:
+    """Move the given task rows (seq, id, status, workflow_run_id) to `target`; all or nothing.
+
+    Each row's status must be an allowed source of `target` (SPEC §3), and the UPDATE re-checks it,
+    so a row that changed under us makes the whole call fail rather than half-apply.
+    """
+    fields = dict(fields or {})
+    unexpected = set(fields) - TRANSITION_FIELDS
+    if unexpected:
+        raise ValueError(f"a transition cannot set {sorted(unexpected)}")
+    sources = models.sources_of(target)
+    for row in rows:
+        current = TaskStatus(row["status"])
+        if current not in sources:
+            raise InvalidTransition(row["id"], current.value, target.value)
+    if not rows:
+        return []
+
+    assignments = {"status": target.value, **fields}
+    raw: dict[str, str] = {}
+    if target is TaskStatus.CLAIMED:
+        assignments["claimed_at"] = now
+    elif target is TaskStatus.RUNNING:
+        raw["started_at"] = "COALESCE(started_at, :now)"
+        assignments["heartbeat_at"] = now
+        assignments["is_paused"] = 0
+    elif target is TaskStatus.PENDING:
+        assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
+    else:  # terminal
+        assignments.update(completed_at=now, is_paused=0)
+        if target is TaskStatus.COMPLETED:
+            assignments["progress"] = 100
+    if "result" in assignments and assignments["result"] is not None:
+        assignments["result"] = _result_json(assignments["result"])
+
+    set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
+    seqs = [row["seq"] for row in rows]
+    source_sql = ", ".join(f"'{s.value}'" for s in sources)
+    params = {**assignments, "now": now}
+    updated: list[Task] = []
+    for start in range(0, len(seqs), 500):
+        chunk = seqs[start : start + 500]
+        marks = ", ".join(f":s{i}" for i in range(len(chunk)))
+        params_chunk = {**params, **{f"s{i}": seq for i, seq in enumerate(chunk)}}
+        updated += [
+            Task.from_row(r)
+            for r in conn.execute(
+                f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status IN ({source_sql}) RETURNING *",
+                params_chunk,
+            )
+        ]
+    if len(updated) != len(rows):
+        # The guard caught a row whose status moved since it was read: undo by failing the caller's
+        # transaction (every caller runs inside `write`).
+        raise InvalidTransition(rows[0]["id"], str(rows[0]["status"]), target.value,
+                                "a task changed status while it was being updated")
+
+    runs.shift_counts(
+        conn, [(row["workflow_run_id"], TaskStatus(row["status"]), target) for row in rows], now
+    )
+    if target is TaskStatus.COMPLETED:
+        _unblock_dependents(conn, seqs)
+    elif target in (TaskStatus.FAILED, TaskStatus.CANCELLED) and cascade:
+        _cascade_cancel(conn, rows, now)
+    return updated
+
+
+def _result_json(result: Any) -> str:
+    """A result as stored: a dict becomes JSON; a string must already be JSON (SPEC §8)."""
+    if isinstance(result, str):
+        json.loads(result)  # refuse text that is not JSON rather than store it
+        return result
+    return json.dumps(result)
+
+
+def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
+    conn.executemany(
+        """
+        UPDATE task SET unmet_deps = unmet_deps - 1
+        WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?)
+        """,
+        [(seq,) for seq in completed_seqs],
+    )
+
+
+def _cascade_cancel(conn: sqlite3.Connection, ended: Sequence[Mapping[str, Any]], now: float) -> None:
+    """Cancel every pending task downstream of `ended`, transitively (SPEC §5 failure propagation)."""
+    for start in range(0, len(ended), 500):
+        chunk = ended[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        rows = conn.execute(
+            f"""
+            WITH RECURSIVE downstream(seq) AS (
+                SELECT task_seq FROM task_dependency WHERE depends_on_seq IN ({marks})
+                UNION
+                SELECT d.task_seq FROM task_dependency AS d JOIN downstream ON d.depends_on_seq = downstream.seq
+            )
+            SELECT t.seq, t.id, t.status, t.workflow_run_id FROM task AS t JOIN downstream USING (seq)
+            WHERE t.status = 'pending'
+            """,
+            [row["seq"] for row in chunk],
+        ).fetchall()
+        if rows:
+            first = chunk[0]["id"]
+            _transition(
+                conn,
+                rows,
+                TaskStatus.CANCELLED,
+                now=now,
+                fields={
+                    "error": f"an upstream task ({first}) failed or was cancelled",
+                    "error_type": models.DEPENDENCY_FAILED,
+                },
+                # The recursive query already reached every descendant.
+                cascade=False,
+            )
+
+
+def _current(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row:
+    row = conn.execute(
+        "SELECT seq, id, status, workflow_run_id FROM task WHERE id = ?", (task_id,)
+    ).fetchone()
+    if row is None:
+        raise UnknownTask(f"no task has id {task_id}")
+    return row
+
+
+def transition(
+    conn: sqlite3.Connection,
+    task_id: str,
+    target: TaskStatus,
+    *,
+    now: float,
+    expect: Iterable[TaskStatus] | None = None,
+    **fields: Any,
+) -> Task:
+    """Move one task to `target` if SPEC §3 allows it from its current status (and it is in `expect`).
+
+    Raises UnknownTask or InvalidTransition and changes nothing when refused.
+    """
+    with write(conn):
+        row = _current(conn, task_id)
+        if expect is not None and TaskStatus(row["status"]) not in set(expect):
+            raise InvalidTransition(task_id, row["status"], target.value)
+        return _transition(conn, [row], target, now=now, fields=fields)[0]
+
+
+# --- the transitions the supervisor makes -------------------------------------------------------
+
+
+def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
+    """Claim the ready task that comes first (priority, then submission order), or None."""
+    with write(conn):
+        row = conn.execute(
+            """
+            SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
+            WHERE status = 'pending' AND unmet_deps = 0 AND not_before <= ?
+            ORDER BY priority DESC, seq LIMIT 1
+            """,
+            (now,),
+        ).fetchone()
+        if row is None:
+            return None
+        return _transition(conn, [row], TaskStatus.CLAIMED, now=now)[0]
+
+
+def next_ready_at(conn: sqlite3.Connection) -> float | None:
+    """The earliest not-before time of a ready task waiting for its retry delay, if any."""
+    row = conn.execute(
+        "SELECT min(not_before) FROM task INDEXED BY task_ready WHERE status = 'pending' AND unmet_deps = 0"
+    ).fetchone()
+    return row[0]
+
+
+def start(
+    conn: sqlite3.Connection,
+    task_id: str,
+    *,
+    now: float,
+    executor_pid: int | None = None,
+    executor_started_at: float | None = None,
+    is_pausable: bool = False,
+) -> Task:
+    """claimed → running, recording the executor process that runs it."""
+    return transition(
+        conn,
+        task_id,
+        TaskStatus.RUNNING,
+        now=now,
+        expect=[TaskStatus.CLAIMED],
+        executor_pid=executor_pid,
+        executor_started_at=executor_started_at,
+        is_pausable=int(is_pausable),
+    )
+
+
+def complete(conn: sqlite3.Connection, task_id: str, result: Any, *, now: float) -> Task:
+    """running (or claimed, when skipped) → completed with `result`."""
+    return transition(conn, task_id, TaskStatus.COMPLETED, now=now, result=result, error=None, error_type=None)
+
+
+def fail(conn: sqlite3.Connection, task_id: str, *, error: str, error_type: str, now: float) -> Task:
+    """→ failed for good; pending dependents are cancelled in the same transaction."""
+    return transition(conn, task_id, TaskStatus.FAILED, now=now, error=error, error_type=error_type)
+
+
+def retry(
+    conn: sqlite3.Connection, task_id: str, *, error: str, error_type: str, not_before: float, now: float
+) -> Task:
+    """running → pending for another attempt: `retry_count + 1`, not before `not_before`."""
+    with write(conn):
+        task = get(conn, task_id)
+        return transition(
+            conn,
+            task_id,
+            TaskStatus.PENDING,
+            now=now,
+            expect=[TaskStatus.RUNNING, TaskStatus.CLAIMED],
+            error=error,
+            error_type=error_type,
+            retry_count=task.retry_count + 1,
+            not_before=not_before,
+        )
+
+
+def requeue(conn: sqlite3.Connection, task_id: str, *, now: float) -> Task:
+    """claimed or running → pending without counting a retry (recovery, graceful shutdown)."""
+    return transition(conn, task_id, TaskStatus.PENDING, now=now, progress=0, status_text=None)
+
+
+def cancel(conn: sqlite3.Connection, task_id: str, *, now: float, reason: str = "cancelled by user") -> Task:
+    """Any active status → cancelled; pending dependents are cancelled too."""
+    return transition(conn, task_id, TaskStatus.CANCELLED, now=now, error=reason, error_type=models.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCancellation:
+    """What cancelling a run did: tasks cancelled outright, and running ones left to stop."""
+
+    cancelled: tuple[str, ...]
+    running: tuple[str, ...]
+
+
+def cancel_waiting_in_run(
+    conn: sqlite3.Connection, run_id: str, *, now: float, reason: str = "run cancelled by user"
+) -> RunCancellation:
+    """Cancel every pending and claimed task of a run; report the running ones (the supervisor
+    stops those through their executors)."""
+    with write(conn):
+        if runs.find(conn, run_id) is None:
+            raise UnknownRun(f"no workflow run has id {run_id}")
+        rows = conn.execute(
+            f"""SELECT seq, id, status, workflow_run_id FROM task
+                WHERE workflow_run_id = ? AND status IN ({ACTIVE_SQL}) ORDER BY seq""",
+            (run_id,),
+        ).fetchall()
+        waiting = [r for r in rows if r["status"] != TaskStatus.RUNNING.value]
+        running = tuple(r["id"] for r in rows if r["status"] == TaskStatus.RUNNING.value)
+        _transition(
+            conn,
+            waiting,
+            TaskStatus.CANCELLED,
+            now=now,
+            fields={"error": reason, "error_type": models.CANCELLED},
+        )
+    return RunCancellation(tuple(r["id"] for r in waiting), running)
+
+
+# --- updates of a running task that do not change its status ------------------------------------
+
+
+def _update_running(conn: sqlite3.Connection, task_id: str, sql: str, params: Sequence[Any]) -> bool:
+    with write(conn):
+        cursor = conn.execute(f"UPDATE task SET {sql} WHERE id = ? AND status = 'running'", (*params, task_id))
+        return cursor.rowcount == 1
+
+
+def update_progress(
+    conn: sqlite3.Connection, task_id: str, progress: int, status_text: str | None = None
+) -> bool:
+    """Record progress (clamped to 0-100) of a running task; False if it is not running."""
+    progress = max(0, min(100, int(progress)))
+    return _update_running(
+        conn, task_id, "progress = ?, status_text = COALESCE(?, status_text)", (progress, status_text)
+    )
+
+
+def set_paused(conn: sqlite3.Connection, task_id: str, paused: bool) -> bool:
+    """Record that a running task is paused or not; False if it is not running."""
+    return _update_running(conn, task_id, "is_paused = ?", (int(paused),))
+
+
+def set_pausable(conn: sqlite3.Connection, task_id: str, pausable: bool) -> bool:
+    """Record whether a running task can be paused; False if it is not running."""
+    return _update_running(conn, task_id, "is_pausable = ?", (int(pausable),))
+
+
+def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> None:
+    """Stamp `heartbeat_at` of running tasks whose executors are alive."""
+    with write(conn):
+        conn.executemany(
+            "UPDATE task SET heartbeat_at = ? WHERE id = ? AND status = 'running'",
+            [(now, task_id) for task_id in task_ids],
+        )

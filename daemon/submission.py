@@ -1,0 +1,163 @@
+"""What a submission may contain: parsing and validating task specs before anything is stored.
+
+Structural checks live here (pure, no database); checks against stored tasks (unknown or finished
+dependencies) happen in the store, inside the submitting transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import uuid
+from typing import Any, Mapping, Sequence
+
+from daemon.errors import SubmissionRefused
+
+MAX_PRIORITY = 1_000_000
+MAX_RETRIES = 1_000
+SPEC_FIELDS = frozenset(
+    {
+        "id",
+        "key",
+        "type",
+        "payload",
+        "priority",
+        "depends_on",
+        "max_retries",
+        "idempotency_key",
+        "material_id",
+        "timeout",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task to submit. `depends_on` names task ids, or the `key` or `id` of an earlier spec."""
+
+    type: str
+    payload: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    priority: int = 0
+    depends_on: tuple[str, ...] = ()
+    max_retries: int = 0
+    idempotency_key: str | None = None
+    material_id: str | None = None
+    timeout: float | None = None
+    key: str | None = None
+    id: str | None = None
+
+
+def _int(value: Any, name: str, low: int, high: int) -> int:
+    # bool is an int in Python; `"priority": true` is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SubmissionRefused(f"{name} must be an integer, not {json.dumps(value)}")
+    if not low <= value <= high:
+        raise SubmissionRefused(f"{name} must be between {low} and {high}, not {value}")
+    return value
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise SubmissionRefused(f"{name} must be a non-empty string")
+    return value
+
+
+def parse_payload(value: Any) -> dict[str, Any]:
+    """A payload given as a dict or as JSON text; it must be a JSON object."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise SubmissionRefused(f"payload is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SubmissionRefused(f"payload must be a JSON object, not {type(value).__name__}")
+    try:
+        # Round-trip now so that a payload that cannot be stored is refused before anything is.
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise SubmissionRefused(f"payload cannot be stored as JSON: {exc}") from None
+
+
+def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
+    """A TaskSpec from a mapping (a batch line, a socket request); refuses unknown or bad fields."""
+    if not isinstance(data, Mapping):
+        raise SubmissionRefused(f"a task must be a JSON object, not {type(data).__name__}")
+    unknown = sorted(set(data) - SPEC_FIELDS)
+    if unknown:
+        raise SubmissionRefused(f"unknown field(s): {', '.join(unknown)}")
+    task_type = data.get("type")
+    if not isinstance(task_type, str) or not task_type.strip():
+        raise SubmissionRefused("type must be a non-empty string")
+    depends_on = data.get("depends_on", [])
+    if not isinstance(depends_on, list) or not all(isinstance(d, str) and d for d in depends_on):
+        raise SubmissionRefused("depends_on must be a list of task ids or keys")
+    timeout = data.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise SubmissionRefused("timeout must be a number of seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise SubmissionRefused("timeout must be a positive number of seconds")
+        timeout = float(timeout)
+    task_id = _optional_text(data.get("id"), "id")
+    if task_id is not None:
+        try:
+            task_id = str(uuid.UUID(task_id))
+        except ValueError:
+            raise SubmissionRefused(f"id must be a UUID, not {task_id!r}") from None
+    return TaskSpec(
+        type=task_type,
+        payload=parse_payload(data.get("payload", {})),
+        priority=_int(data.get("priority", 0), "priority", -MAX_PRIORITY, MAX_PRIORITY),
+        # Keep the order given, drop repeats: listing a dependency twice means the same thing.
+        depends_on=tuple(dict.fromkeys(depends_on)),
+        max_retries=_int(data.get("max_retries", 0), "max_retries", 0, MAX_RETRIES),
+        idempotency_key=_optional_text(data.get("idempotency_key"), "idempotency_key"),
+        material_id=_optional_text(data.get("material_id"), "material_id"),
+        timeout=timeout,
+        key=_optional_text(data.get("key"), "key"),
+        id=task_id,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedDependency:
+    """A dependency of a spec: an earlier spec of the batch (by index) or a stored task (by id)."""
+
+    batch_index: int | None = None
+    task_id: str | None = None
+
+
+def resolve_batch(specs: Sequence[TaskSpec]) -> list[list[ResolvedDependency]]:
+    """Resolve each spec's dependencies against earlier specs of the batch; the rest are task ids.
+
+    Refuses self-dependencies, references to a later line, and repeated keys or ids.
+    """
+    if not specs:
+        raise SubmissionRefused("the submission has no tasks")
+    names: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        for name in {spec.key, spec.id} - {None}:
+            if name in names:
+                raise SubmissionRefused(f"task {index + 1} repeats the key or id {name!r}")
+            names[name] = index
+    resolved: list[list[ResolvedDependency]] = []
+    for index, spec in enumerate(specs):
+        deps = []
+        for ref in spec.depends_on:
+            target = names.get(ref)
+            if target is None:
+                deps.append(ResolvedDependency(task_id=ref))
+            elif target == index:
+                raise SubmissionRefused(f"task {index + 1} depends on itself ({ref})")
+            elif target > index:
+                raise SubmissionRefused(
+                    f"task {index + 1} depends on {ref}, which comes later in the batch: "
+                    "list dependencies first"
+                )
+            else:
+                deps.append(ResolvedDependency(batch_index=target))
+        resolved.append(deps)
+    return resolved

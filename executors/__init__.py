@@ -1,0 +1,1 @@
+"""The executor API (`executors.base`) and the built-in executors."""
