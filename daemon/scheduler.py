@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+
 from daemon import models
 from daemon.models import RunCounts, RunStatus
 
@@ -32,3 +35,42 @@ def retry_delay(retry_count: int, base: float, maximum: float) -> float:
         return 0.0
     # Cap the exponent so a task with a huge max_retries cannot overflow the float.
     return min(maximum, base * 2.0 ** min(retry_count, 64))
+
+
+class Action(enum.StrEnum):
+    COMPLETE = "complete"
+    CANCEL = "cancel"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What to do with a task whose attempt ended (SPEC §6)."""
+
+    action: Action
+    error: str | None = None
+    error_type: str | None = None
+    retry_delay: float = 0.0
+
+
+def decide_outcome(
+    error: str | None,
+    error_type: str | None,
+    *,
+    retry_count: int,
+    max_retries: int,
+    backoff_base: float,
+    backoff_max: float,
+) -> Outcome:
+    """The next step for an attempt that ended with `error`/`error_type` (both None: success)."""
+    if error is None and error_type is None:
+        return Outcome(Action.COMPLETE)
+    error_type = error_type or models.EXCEPTION
+    error = error or error_type
+    if error_type == models.CANCELLED:
+        return Outcome(Action.CANCEL, error, error_type)
+    if is_retryable(error_type, retry_count, max_retries):
+        delay = retry_delay(retry_count, backoff_base, backoff_max)
+        return Outcome(Action.RETRY, error, error_type, delay)
+    return Outcome(Action.FAIL, error, error_type)

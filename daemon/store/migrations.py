@@ -137,6 +137,16 @@ SCHEDULING = Migration(
             failed_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'failed'),
             cancelled_tasks = (SELECT count(*) FROM task WHERE workflow_run_id = workflow_run.id AND status = 'cancelled')
         """,
+        # The seed checked idempotency keys before inserting, so two active tasks may share one.
+        # Both were already queued; keep them, but leave the key only on the older one so the
+        # unique index below can exist.
+        """
+        UPDATE task SET idempotency_key = NULL
+        WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'claimed', 'running')
+          AND seq > (SELECT min(seq) FROM task AS older
+                     WHERE older.idempotency_key = task.idempotency_key
+                       AND older.status IN ('pending', 'claimed', 'running'))
+        """,
         # Claim order: priority DESC, then submission order. Only ready tasks are in this index.
         "CREATE INDEX task_ready ON task(priority DESC, seq) WHERE status = 'pending' AND unmet_deps = 0",
         """

@@ -136,10 +136,15 @@ def submit(
         # (seq, status) of each spec's task, for dependencies inside the batch.
         batch: list[tuple[int, TaskStatus]] = []
         for spec, deps in zip(specs, resolved):
-            upstream = [batch[d.batch_index] if d.task_id is None else external[d.task_id] for d in deps]
-            upstream_ids = [
-                outcomes[d.batch_index].id if d.task_id is None else d.task_id for d in deps
-            ]
+            # Two references can name one task (an earlier line's key and its id, or a line that
+            # resolved to an existing task and that task's id): it is one dependency.
+            by_id: dict[str, tuple[int, TaskStatus]] = {}
+            for d in deps:
+                if d.task_id is None:
+                    by_id.setdefault(outcomes[d.batch_index].id, batch[d.batch_index])
+                else:
+                    by_id.setdefault(d.task_id, external[d.task_id])
+            upstream, upstream_ids = list(by_id.values()), list(by_id)
             inserted = _insert(conn, spec, run_id, upstream, upstream_ids, material_id, now)
             if inserted is None:
                 existing = _active_with_key(conn, spec.idempotency_key)
@@ -545,4 +550,14 @@ def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> 
         conn.executemany(
             "UPDATE task SET heartbeat_at = ? WHERE id = ? AND status = 'running'",
             [(now, task_id) for task_id in task_ids],
+        )
+
+
+def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, str | None]]) -> None:
+    """Record coalesced progress of several running tasks in one transaction."""
+    with write(conn):
+        conn.executemany(
+            """UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)
+               WHERE id = ? AND status = 'running'""",
+            [(max(0, min(100, int(p))), text, task_id) for task_id, p, text in updates],
         )

@@ -1,0 +1,274 @@
+"""Executor subprocesses: spawn one per task, steer it with its Events, end its process tree.
+
+Every attempt of every task runs in a fresh process, so killing one task's process never touches
+another task. The default start method is "forkserver": each child is a fork of a small, warm
+server that has already imported the executor machinery, which is much faster than "spawn" while
+still never forking the supervisor itself (its threads, sockets and SQLite connection). "fork" is
+refused for that reason, and because a forked child would inherit every other task's status pipe.
+
+Processes are found again by pid *and* start time (psutil), so a reused pid is never mistaken for
+an executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+
+import psutil
+
+from executors import endpoint
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
+
+    from daemon.models import Task
+
+START_METHODS = ("forkserver", "spawn")
+FORKSERVER_PRELOAD = ["executors.endpoint", "executors.base", "daemon.models"]
+CREATE_TIME_TOLERANCE = 0.01  # psutil derives create_time from clock ticks (1/100 s)
+
+ExecutorContext = ForkServerContext | SpawnContext
+
+
+def make_context(start_method: str = "forkserver") -> ExecutorContext:
+    """The multiprocessing context executors are started with ("forkserver" or "spawn")."""
+    if start_method not in START_METHODS:
+        raise ValueError(f"start method must be one of {', '.join(START_METHODS)}, not {start_method!r}")
+    if start_method == "spawn":
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
+
+
+class Drained(NamedTuple):
+    """What one `ExecutorProcess.drain` read: the messages, and whether more may come."""
+
+    messages: list[dict[str, Any]]
+    open: bool
+
+
+@dataclasses.dataclass(eq=False)
+class ExecutorProcess:
+    """One running attempt of a task: its process, status channel, and cancel and resume Events."""
+
+    task_id: str
+    process: BaseProcess
+    status: endpoint.StatusReader
+    cancel_event: Event
+    resume_event: Event
+    pid: int
+    create_time: float | None  # None if the child was gone before it could be looked at
+    log_path: Path
+    started: float  # time.monotonic() at spawn
+    _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
+    _exitcode: int | None = dataclasses.field(default=None, repr=False)
+    _closed: bool = dataclasses.field(default=False, repr=False)
+
+    # --- the status channel ---------------------------------------------------------------------
+
+    def drain(self, limit: int | None = None) -> Drained:
+        """Read up to `limit` messages (all available if None) without blocking; never raises.
+
+        Once the child has exited and its messages are read, the channel counts as closed even if
+        a descendant inherited its end of the pipe: nothing the child wrote can still be missing.
+        """
+        # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
+        exited = not self.is_alive()
+        messages = self.status.drain(limit)
+        if exited and not self.status.closed and (limit is None or len(messages) < limit):
+            self.status.mark_closed("the executor process exited")
+        return Drained(messages, not self.status.closed)
+
+    # --- steering -------------------------------------------------------------------------------
+
+    def request_cancel(self) -> None:
+        """Ask the executor to stop; wakes it if paused (cancel is set first, so it sees why)."""
+        self.cancel_event.set()
+        self.resume_event.set()
+
+    def pause(self) -> None:
+        """Pause a pausable executor at its next `wait_if_paused`."""
+        self.resume_event.clear()
+
+    def resume(self) -> None:
+        """Let a paused executor continue."""
+        self.resume_event.set()
+
+    # --- the process ----------------------------------------------------------------------------
+
+    @property
+    def sentinel(self) -> int:
+        """Becomes ready when the process ends (for `multiprocessing.connection.wait`)."""
+        return self.process.sentinel
+
+    def is_alive(self) -> bool:
+        """True while the executor process runs."""
+        if self._closed:
+            return False
+        return self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit status once ended: >= 0 an exit code, < 0 the signal that killed it."""
+        if self._closed:
+            return self._exitcode
+        return self.process.exitcode
+
+    def reap(self, timeout: float | None = 0.0) -> int | None:
+        """Wait up to `timeout` for the process to end; its exit status, or None if still running."""
+        if self._closed:
+            return self._exitcode
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def terminate_tree(self) -> None:
+        """SIGTERM the executor process and all its descendants."""
+        self._signal_tree(signal.SIGTERM)
+
+    def kill_tree(self) -> None:
+        """SIGKILL the executor process and all its descendants (those seen by terminate_tree too)."""
+        self._signal_tree(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Release the channel and the process handle; call once the process has ended."""
+        if self._closed:
+            return
+        self.status.close()
+        self._exitcode = self.reap(0.0)
+        if self._exitcode is not None:
+            self.process.close()
+            self._closed = True
+
+    def _signal_tree(self, sig: signal.Signals) -> None:
+        root = self._root()
+        if root is not None:
+            # Collected before any signal: a parent that dies first would leave its children
+            # reparented and out of reach of `children()`.
+            try:
+                for proc in root.children(recursive=True):
+                    self._descendants.setdefault(proc.pid, proc)
+            except psutil.Error:
+                pass
+        # Descendants seen earlier are signalled even if the root is gone: a grandchild that
+        # ignored SIGTERM still gets the SIGKILL. psutil refuses to signal a reused pid.
+        targets = [root] if root is not None else []
+        for proc in [*targets, *self._descendants.values()]:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def _root(self) -> psutil.Process | None:
+        if self.create_time is not None:
+            return find_leftover(self.pid, self.create_time)
+        if self.is_alive():
+            try:
+                return psutil.Process(self.pid)
+            except psutil.Error:
+                return None
+        return None
+
+
+def spawn(
+    task: Task,
+    executor_ref: str,
+    upstream: Mapping[str, Any],
+    log_path: Path,
+    *,
+    context: ExecutorContext,
+) -> ExecutorProcess:
+    """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    reader, writer = context.Pipe(duplex=False)
+    cancel_event = context.Event()
+    resume_event = context.Event()
+    resume_event.set()  # set = running; a pause clears it
+    process = context.Process(
+        target=endpoint.run,
+        args=(task, executor_ref, dict(upstream), str(log_path), writer, cancel_event, resume_event),
+        name=f"fredica-task-{task.id}",
+        # Not daemonic: a daemonic process may not start multiprocessing children of its own,
+        # and executors may need to. The supervisor ends its children explicitly.
+        daemon=False,
+    )
+    try:
+        process.start()
+    except BaseException:
+        reader.close()
+        raise
+    finally:
+        # Our copy of the write end must go, or the reader would never see end-of-file.
+        writer.close()
+    pid = process.pid
+    assert pid is not None
+    try:
+        create_time: float | None = psutil.Process(pid).create_time()
+    except psutil.Error:
+        create_time = None
+    return ExecutorProcess(
+        task_id=task.id,
+        process=process,
+        status=endpoint.StatusReader(reader),
+        cancel_event=cancel_event,
+        resume_event=resume_event,
+        pid=pid,
+        create_time=create_time,
+        log_path=log_path,
+        started=time.monotonic(),
+    )
+
+
+def find_leftover(pid: int, create_time: float) -> psutil.Process | None:
+    """The process `pid` if it still exists and started at `create_time`; None for a reused pid."""
+    try:
+        proc = psutil.Process(pid)
+        started = proc.create_time()
+    except psutil.Error:
+        return None
+    if abs(started - create_time) > CREATE_TIME_TOLERANCE:
+        return None
+    return proc
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, for people: "exit code 3", "killed by SIGKILL"."""
+    if exitcode is None:
+        return "still running"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
+def tail(path: Path | str, lines: int = 20, *, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a log file (reading at most `max_bytes` from its end); "" if none."""
+    if lines <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            block = 8192
+            data = b""
+            position = size
+            # Read backwards block by block until there are enough lines or the budget is spent.
+            while position > 0 and data.count(b"\n") <= lines and len(data) < max_bytes:
+                step = min(block, position, max_bytes - len(data))
+                position -= step
+                f.seek(position)
+                data = f.read(step) + data
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])

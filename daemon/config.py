@@ -1,0 +1,176 @@
+"""Typed settings from TOML, validated once. The built-in defaults live here and nowhere else.
+
+Lookup order for the file: `--config`, `$FREDICA_CONFIG`, `~/.config/fredica/config.toml`,
+`/etc/fredica/config.toml`; with none of them the defaults apply. Paths default to the user's XDG
+directories, or to `$STATE_DIRECTORY` / `$RUNTIME_DIRECTORY` when systemd sets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from daemon.errors import FredicaError
+
+
+class ConfigError(FredicaError):
+    """The configuration is invalid."""
+
+
+def _state_dir(env: Mapping[str, str]) -> Path:
+    if env.get("STATE_DIRECTORY"):
+        # systemd may pass several colon-separated directories; the first is ours.
+        return Path(env["STATE_DIRECTORY"].split(":")[0])
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
+    return Path(base) / "fredica"
+
+
+def _runtime_dir(env: Mapping[str, str]) -> Path:
+    if env.get("RUNTIME_DIRECTORY"):
+        return Path(env["RUNTIME_DIRECTORY"].split(":")[0])
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "fredica"
+    return _state_dir(env) / "run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the daemon reads from its config file."""
+
+    database: Path
+    socket: Path
+    log_dir: Path
+    max_workers: int = 4
+    poll_interval: float = 1.0
+    idle_poll_interval: float = 5.0
+    cancel_grace: float = 10.0
+    shutdown_grace: float = 30.0
+    start_method: str = "forkserver"
+    synchronous: str = "normal"
+    progress_interval: float = 0.5
+    heartbeat_interval: float = 5.0
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    templates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source: Path | None = None
+
+    @classmethod
+    def defaults(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        state = _state_dir(env)
+        return cls(
+            database=state / "fredica.db",
+            socket=_runtime_dir(env) / "control.sock",
+            log_dir=state / "logs",
+        )
+
+    def task_log(self, task_id: str) -> Path:
+        return self.log_dir / "tasks" / f"{task_id}.log"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.log_dir / "daemon.log"
+
+
+# key → (type check, extra check, message for the check)
+_POSITIVE = (lambda v: v > 0, "must be greater than 0")
+_NON_NEGATIVE = (lambda v: v >= 0, "must be 0 or more")
+DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] = {
+    "database": (str, None),
+    "socket": (str, None),
+    "log_dir": (str, None),
+    "max_workers": (int, (lambda v: 1 <= v <= 1024, "must be between 1 and 1024")),
+    "poll_interval": ((int, float), _POSITIVE),
+    "idle_poll_interval": ((int, float), _POSITIVE),
+    "cancel_grace": ((int, float), _NON_NEGATIVE),
+    "shutdown_grace": ((int, float), _NON_NEGATIVE),
+    "start_method": (str, (lambda v: v in ("forkserver", "spawn"), 'must be "forkserver" or "spawn"')),
+    "synchronous": (str, (lambda v: v.lower() in ("normal", "full"), 'must be "normal" or "full"')),
+    "progress_interval": ((int, float), _NON_NEGATIVE),
+    "heartbeat_interval": ((int, float), _POSITIVE),
+}
+RETRY_KEYS = {
+    "backoff_base": ((int, float), _NON_NEGATIVE),
+    "backoff_max": ((int, float), _NON_NEGATIVE),
+}
+SECTIONS = {"daemon", "retry", "executors", "templates"}
+
+
+def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
+    kind, extra = spec
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ConfigError(f"[{section}] {key} must be a {names}, not {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"[{section}] {key} must be a finite number")
+    if extra is not None and not extra[0](value):
+        raise ConfigError(f"[{section}] {key} {extra[1]}, not {value!r}")
+    return float(value) if kind == (int, float) else value
+
+
+def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: Path | None = None) -> Settings:
+    """Settings from parsed TOML; unknown sections or keys and bad values raise ConfigError."""
+    base = Settings.defaults(env)
+    unknown = sorted(set(data) - SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for section, keys in (("daemon", DAEMON_KEYS), ("retry", RETRY_KEYS)):
+        table = data.get(section, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[{section}] must be a table")
+        for key, value in table.items():
+            if key not in keys:
+                raise ConfigError(f"[{section}] unknown key {key!r}")
+            values[key] = _check(section, key, value, keys[key])
+    for key in ("database", "socket", "log_dir"):
+        if key in values:
+            values[key] = Path(values[key]).expanduser()
+    if values.get("synchronous"):
+        values["synchronous"] = values["synchronous"].lower()
+    executors = data.get("executors", {})
+    if not isinstance(executors, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in executors.items()
+    ):
+        raise ConfigError('[executors] entries must look like TYPE = "package.module:Class"')
+    templates = data.get("templates", {})
+    if not isinstance(templates, Mapping):
+        raise ConfigError("[templates] must be a table of templates")
+    return dataclasses.replace(base, **values, executors=dict(executors), templates=dict(templates), source=source)
+
+
+def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The config file to read, by the lookup order above; None means built-in defaults."""
+    env = os.environ if env is None else env
+    if explicit:
+        return Path(explicit)
+    if env.get("FREDICA_CONFIG"):
+        return Path(env["FREDICA_CONFIG"])
+    home = Path(env.get("HOME", "~")).expanduser()
+    for candidate in (home / ".config" / "fredica" / "config.toml", Path("/etc/fredica/config.toml")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the config; raises ConfigError with one clear line."""
+    path = config_path(explicit, env)
+    if path is None:
+        return Settings.defaults(env)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    try:
+        return from_mapping(data, env=env, source=path)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc.message}") from None

@@ -1,0 +1,536 @@
+"""The supervisor: claims ready tasks and runs each in its own executor subprocess (SPEC §6-§7).
+
+The loop is `tick(now)`: run the requests handed over by other threads, drain the children's status
+channels, finish the children that ended, escalate cancels and timeouts, flush coalesced progress,
+stamp heartbeats, then claim while a worker slot is free. `run()` is the thin shell around it that
+sleeps in `multiprocessing.connection.wait` on every child's channel and sentinel plus a wake-up
+pipe, so a submission, a message or a child's exit wakes it at once; the timeout is only a fallback.
+
+Only the loop thread touches the database connection: other threads call the public methods, which
+hand the work to the loop (`call`) and wait for its answer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from multiprocessing import connection as mp_connection
+from typing import Any, Callable, Sequence, TypeVar
+
+import structlog
+
+from daemon import children, models, scheduler
+from daemon.config import Settings
+from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.models import Task, TaskStatus
+from daemon.scheduler import Action
+from daemon.store import db, runs, tasks
+from daemon.submission import TaskSpec
+from executors.base import ExecuteResult, TaskExecutor
+from executors.registry import Registry
+
+log = structlog.get_logger("fredica.supervisor")
+T = TypeVar("T")
+
+# Messages read from one child per tick: enough to keep up with any honest executor, small enough
+# that a child flooding its channel cannot starve the others or the loop.
+DRAIN_LIMIT = 2000
+
+
+@dataclasses.dataclass
+class RunningTask:
+    """The supervisor's view of a task whose executor process is alive (or just ended)."""
+
+    task: Task
+    child: children.ExecutorProcess
+    executor: TaskExecutor
+    started_at: float
+    result: ExecuteResult | None = None
+    progress: tuple[int, str | None] | None = None  # latest value not yet written
+    progress_written_at: float = 0.0
+    stop_reason: str | None = None  # "cancel", "timeout" or "shutdown"
+    stop_requested_at: float | None = None
+    terminated_at: float | None = None
+    killed: bool = False
+    paused_since: float | None = None
+    paused_seconds: float = 0.0
+    channel_open: bool = True
+
+    @property
+    def log(self) -> Any:
+        return log.bind(task_id=self.task.id, run_id=self.task.workflow_run_id, type=self.task.type)
+
+    def active_seconds(self, now: float) -> float:
+        """Seconds the task has run, not counting time spent paused (timeouts use this)."""
+        paused = self.paused_seconds + (now - self.paused_since if self.paused_since is not None else 0.0)
+        return now - self.started_at - paused
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelReport:
+    """What a cancel did: tasks cancelled at once, and running tasks asked to stop."""
+
+    cancelled: tuple[str, ...]
+    stopping: tuple[str, ...]
+
+
+class Supervisor:
+    """Owns the database connection and the executor subprocesses of one daemon."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: Registry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
+        self.registry = registry if registry is not None else Registry.from_config(settings.executors)
+        self.context = children.make_context(settings.start_method)
+        self.running: dict[str, RunningTask] = {}
+        self.started_at = clock()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread: threading.Thread | None = None
+        self._loop_ident: int | None = None
+        self._stop_requested = threading.Event()
+        self._shutdown_deadline: float | None = None
+        self._pending_grace = settings.shutdown_grace
+        self._finished = threading.Event()
+        self._next_heartbeat = 0.0
+
+    # --- the API other threads use --------------------------------------------------------------
+
+    def call(self, fn: Callable[[], T], timeout: float | None = 30.0) -> T:
+        """Run `fn` on the loop thread (directly if already there, or if no loop runs)."""
+        if self._thread is None or threading.get_ident() == self._loop_ident:
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        self.wake()
+        return future.result(timeout)
+
+    def wake(self) -> None:
+        """Make the loop tick now (safe from any thread and from signal handlers)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full, so a wake-up is already pending
+
+    def submit(
+        self, specs: Sequence[TaskSpec], *, template: str = "adhoc", material_id: str | None = None
+    ) -> tasks.Submission:
+        """Store a run with `specs` as its tasks; the loop claims them on its next tick."""
+        return self.call(
+            lambda: tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id)
+        )
+
+    def cancel(self, target_id: str) -> CancelReport:
+        """Cancel a task, or every unfinished task of a run (SPEC §7)."""
+        return self.call(lambda: self._cancel(target_id, self.clock()))
+
+    def pause(self, task_id: str) -> Task:
+        """Pause a running, pausable task: clear its resume Event and record `is_paused`."""
+        return self.call(lambda: self._set_paused(task_id, True, self.clock()))
+
+    def resume(self, task_id: str) -> Task:
+        """Resume a paused task: set its resume Event and record `is_paused = 0`."""
+        return self.call(lambda: self._set_paused(task_id, False, self.clock()))
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the loop in a background thread (tests and scripts; the daemon runs `run` itself)."""
+        self._thread = threading.Thread(target=self.run, name="fredica-supervisor", daemon=True)
+        self._thread.start()
+        # Calls must not run on the caller's thread once the loop exists.
+        while self._loop_ident is None and self._thread.is_alive():
+            time.sleep(0.001)
+
+    def request_stop(self, grace: float | None = None) -> None:
+        """Stop claiming; let running tasks finish within `grace` seconds, then interrupt the rest
+        and put them back to `pending`. Safe to call from a signal handler."""
+        self._pending_grace = self.settings.shutdown_grace if grace is None else grace
+        self._stop_requested.set()
+        self.wake()
+
+    def stop(self, grace: float | None = None, timeout: float | None = None) -> None:
+        """request_stop and wait for the loop to end."""
+        self.request_stop(grace)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._finished.wait(timeout)
+
+    def run(self) -> None:
+        """Tick until stopped; the shell around `tick`."""
+        self._loop_ident = threading.get_ident()
+        try:
+            while True:
+                now = self.clock()
+                if self._stop_requested.is_set() and self._shutdown_deadline is None:
+                    self._shutdown_deadline = now + self._pending_grace
+                    log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
+                timeout = self.tick(now)
+                if self._shutdown_deadline is not None and not self.running:
+                    break
+                self._wait(timeout)
+        finally:
+            self._run_calls()  # answer whatever arrived during shutdown rather than leave it hanging
+            self.conn.close()
+            self._finished.set()
+            log.info("supervisor_stopped")
+
+    def _wait(self, timeout: float) -> None:
+        handles: list[Any] = [self._wake_r]
+        for rt in self.running.values():
+            handles.append(rt.child.sentinel)
+            if rt.channel_open:
+                handles.append(rt.child.status)
+        ready = mp_connection.wait(handles, max(0.0, timeout))
+        if self._wake_r in ready:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    # --- one tick -------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> float:
+        """One pass of the loop; returns how long the loop may sleep before the next one."""
+        self._run_calls()
+        for rt in list(self.running.values()):
+            self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
+        for rt in list(self.running.values()):
+            if not rt.child.is_alive():
+                self._guard(rt, self._finish, rt, now)
+        for rt in list(self.running.values()):
+            self._guard(rt, self._enforce_deadlines, rt, now)
+        self._flush_progress(now)
+        if now >= self._next_heartbeat and self.running:
+            tasks.heartbeat(self.conn, list(self.running), now)
+            self._next_heartbeat = now + self.settings.heartbeat_interval
+        if self._shutdown_deadline is None:
+            self._claim(now)
+        elif now >= self._shutdown_deadline:
+            self._interrupt_all(now)
+        return self._next_timeout(now)
+
+    def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any) -> None:
+        """Executor misbehaviour (and our own bugs around it) must never stop the loop."""
+        try:
+            fn(*args)
+        except Exception:
+            rt.log.exception("supervisor_error")
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # handed back to the caller, never kills the loop
+                    future.set_exception(exc)
+
+    def _claim(self, now: float) -> None:
+        while len(self.running) < self.settings.max_workers:
+            task = tasks.claim_next(self.conn, now)
+            if task is None:
+                return
+            try:
+                self._dispatch(task, now)
+            except Exception:
+                log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
+                self._end_attempt(task, None, "the supervisor could not dispatch the task", models.CRASHED, now)
+
+    def _next_timeout(self, now: float) -> float:
+        s = self.settings
+        timeout = s.poll_interval if self.running else s.idle_poll_interval
+        deadlines = []
+        ready_at = tasks.next_ready_at(self.conn)
+        if ready_at is not None and len(self.running) < s.max_workers:
+            deadlines.append(ready_at)
+        for rt in self.running.values():
+            if rt.progress is not None:
+                deadlines.append(rt.progress_written_at + s.progress_interval)
+            if rt.stop_requested_at is not None and not rt.killed:
+                base = rt.terminated_at if rt.terminated_at is not None else rt.stop_requested_at
+                deadlines.append(base + s.cancel_grace)
+            elif rt.task.timeout is not None and rt.paused_since is None:
+                deadlines.append(now + rt.task.timeout - rt.active_seconds(now))
+        if self._shutdown_deadline is not None:
+            deadlines.append(self._shutdown_deadline)
+        if deadlines:
+            timeout = min(timeout, max(0.0, min(deadlines) - now))
+        return timeout
+
+    # --- dispatch -------------------------------------------------------------------------------
+
+    def _dispatch(self, task: Task, now: float) -> None:
+        bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
+        executor = self.registry.get(task.type)
+        if executor is None:
+            tasks.fail(
+                self.conn, task.id, error=f"no executor is registered for type {task.type}",
+                error_type=models.NO_EXECUTOR, now=now,
+            )
+            bound.warning("task_failed", error_type=models.NO_EXECUTOR)
+            return
+        try:
+            skip = bool(executor.can_skip(task))
+        except Exception:
+            bound.exception("can_skip_failed")
+            skip = False
+        if skip:
+            tasks.complete(self.conn, task.id, {"skipped": True}, now=now)
+            bound.info("task_skipped")
+            return
+        log_path = self.settings.task_log(task.id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        upstream = tasks.results_of(self.conn, task.depends_on)
+        child = children.spawn(
+            task, self.registry.ref(task.type), upstream, log_path, context=self.context
+        )
+        task = tasks.start(
+            self.conn,
+            task.id,
+            now=now,
+            executor_pid=child.pid,
+            executor_started_at=child.create_time,
+            is_pausable=executor.pausable,
+        )
+        self.running[task.id] = RunningTask(task=task, child=child, executor=executor, started_at=now)
+        bound.info("task_started", pid=child.pid, attempt=task.retry_count + 1)
+
+    # --- messages from a child ------------------------------------------------------------------
+
+    def _drain(self, rt: RunningTask, now: float, limit: int | None) -> None:
+        if not rt.channel_open:
+            return
+        messages, open_ = rt.child.drain(limit)
+        rt.channel_open = open_
+        for message in messages:
+            self._handle_message(rt, message, now)
+
+    def _handle_message(self, rt: RunningTask, message: dict[str, Any], now: float) -> None:
+        kind = message.get("type")
+        task_id = rt.task.id
+        if kind == "progress":
+            rt.progress = (int(message.get("percent", 0)), message.get("text"))
+        elif kind == "pausable":
+            tasks.set_pausable(self.conn, task_id, bool(message.get("pausable")))
+        elif kind == "pause_request":
+            tasks.set_paused(self.conn, task_id, True)
+            if rt.paused_since is None:
+                rt.paused_since = now
+            rt.log.info("task_paused", by="executor", reason=message.get("reason"))
+        elif kind == "resume_request":
+            self._mark_resumed(rt, now)
+            rt.log.info("task_resumed", by="executor")
+        elif kind == "log":
+            rt.log.log(_level(message.get("level")), "executor_log", message=str(message.get("message")))
+        elif kind == "result":
+            rt.result = ExecuteResult(
+                result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
+            )
+        else:
+            rt.log.warning("unknown_executor_message", kind=str(kind))
+
+    def _mark_resumed(self, rt: RunningTask, now: float) -> None:
+        tasks.set_paused(self.conn, rt.task.id, False)
+        if rt.paused_since is not None:
+            rt.paused_seconds += now - rt.paused_since
+            rt.paused_since = None
+
+    def _flush_progress(self, now: float, only: RunningTask | None = None) -> None:
+        due = [
+            rt
+            for rt in ([only] if only else self.running.values())
+            if rt.progress is not None and (only or now - rt.progress_written_at >= self.settings.progress_interval)
+        ]
+        if not due:
+            return
+        tasks.record_progress(self.conn, [(rt.task.id, rt.progress[0], rt.progress[1]) for rt in due])
+        for rt in due:
+            rt.progress = None
+            rt.progress_written_at = now
+
+    # --- ending an attempt ----------------------------------------------------------------------
+
+    def _finish(self, rt: RunningTask, now: float) -> None:
+        """The child has exited: read what is left of its channel and record the outcome."""
+        while rt.channel_open:
+            self._drain(rt, now, None)
+        self._flush_progress(now, only=rt)
+        del self.running[rt.task.id]
+        rt.child.close()
+        result = rt.result
+        succeeded = result is not None and result.ok
+        if rt.stop_reason == "shutdown" and not succeeded:
+            tasks.requeue(self.conn, rt.task.id, now=now)
+            rt.log.info("task_interrupted", by="shutdown")
+            return
+        if rt.stop_reason == "timeout" and not succeeded:
+            error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
+        elif rt.stop_reason == "cancel" and not succeeded:
+            error, error_type = "cancelled by user", models.CANCELLED
+        elif result is None:
+            exit_text = children.describe_exit(rt.child.exitcode)
+            error = f"executor process died without a result ({exit_text})"
+            last_lines = children.tail(rt.child.log_path, 20)
+            if last_lines:
+                error += "\n" + last_lines
+            error_type = models.CRASHED
+        elif succeeded:
+            error, error_type = None, None
+        else:
+            error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
+        self._end_attempt(rt.task, rt.executor, error, error_type, now, result)
+
+    def _end_attempt(
+        self,
+        task: Task,
+        executor: TaskExecutor | None,
+        error: str | None,
+        error_type: str | None,
+        now: float,
+        result: ExecuteResult | None = None,
+    ) -> None:
+        """Apply SPEC §6 to an attempt that ended with `error`/`error_type` (None: success)."""
+        bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
+        outcome = scheduler.decide_outcome(
+            error,
+            error_type,
+            retry_count=task.retry_count,
+            max_retries=task.max_retries,
+            backoff_base=self.settings.backoff_base,
+            backoff_max=self.settings.backoff_max,
+        )
+        if outcome.action is Action.COMPLETE:
+            try:
+                tasks.complete(self.conn, task.id, result.result if result else None, now=now)
+                bound.info("task_completed")
+                return
+            except (TypeError, ValueError) as exc:
+                outcome = scheduler.Outcome(Action.FAIL, f"the result cannot be stored as JSON: {exc}", models.EXCEPTION)
+        if outcome.action is Action.RETRY:
+            tasks.retry(
+                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
+                not_before=now + outcome.retry_delay, now=now,
+            )
+            bound.info("task_retrying", error_type=outcome.error_type, delay=outcome.retry_delay,
+                       retry=task.retry_count + 1, max_retries=task.max_retries)
+            return
+        if outcome.action is Action.CANCEL:
+            ended = tasks.cancel(self.conn, task.id, now=now, reason=outcome.error or "cancelled")
+            bound.info("task_cancelled")
+        else:
+            ended = tasks.fail(
+                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION, now=now
+            )
+            bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
+        if executor is not None:
+            hook_result = ExecuteResult(error=outcome.error, error_type=outcome.error_type)
+            try:
+                executor.on_task_failed(ended, hook_result)
+            except Exception:
+                bound.exception("on_task_failed_failed")
+
+    # --- cancel, pause, deadlines ---------------------------------------------------------------
+
+    def _cancel(self, target_id: str, now: float) -> CancelReport:
+        task = tasks.find(self.conn, target_id)
+        if task is None:
+            run = runs.find(self.conn, target_id)
+            if run is None:
+                raise UnknownTask(f"no task or workflow run has id {target_id}")
+            outcome = tasks.cancel_waiting_in_run(self.conn, target_id, now=now)
+            stopping = [task_id for task_id in outcome.running if self._request_stop(task_id, "cancel", now)]
+            if not outcome.cancelled and not stopping:
+                raise InvalidTransition(target_id, run.status.value, "cancelled",
+                                        f"workflow run {target_id} is {run.status.value}: nothing to cancel")
+            log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
+            return CancelReport(outcome.cancelled, tuple(stopping))
+        if self._request_stop(task.id, "cancel", now):
+            return CancelReport((), (task.id,))
+        tasks.cancel(self.conn, task.id, now=now)
+        log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user")
+        return CancelReport((task.id,), ())
+
+    def _request_stop(self, task_id: str, reason: str, now: float) -> bool:
+        """Ask a running task's executor to stop; False if no executor of ours runs it."""
+        rt = self.running.get(task_id)
+        if rt is None:
+            return False
+        if rt.stop_reason is None:
+            rt.stop_reason = reason
+            rt.stop_requested_at = now
+            # Sets the resume Event too, so a paused executor wakes up to see the cancel.
+            rt.child.request_cancel()
+            if rt.paused_since is not None:
+                self._mark_resumed(rt, now)
+            rt.log.info("task_stop_requested", reason=reason)
+        return True
+
+    def _enforce_deadlines(self, rt: RunningTask, now: float) -> None:
+        grace = self.settings.cancel_grace
+        if rt.stop_requested_at is None:
+            if rt.task.timeout is not None and rt.active_seconds(now) >= rt.task.timeout:
+                self._request_stop(rt.task.id, "timeout", now)
+            return
+        if rt.terminated_at is None and now >= rt.stop_requested_at + grace:
+            rt.log.warning("executor_terminated", after=grace)
+            rt.child.terminate_tree()
+            rt.terminated_at = now
+        elif rt.terminated_at is not None and not rt.killed and now >= rt.terminated_at + grace:
+            rt.log.warning("executor_killed", after=grace)
+            rt.child.kill_tree()
+            rt.killed = True
+
+    def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
+        task = tasks.get(self.conn, task_id)
+        rt = self.running.get(task_id)
+        verb = "paused" if paused else "resumed"
+        if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
+            raise NotPausable(f"task {task_id} is {task.display_status}: only a running task can be {verb}")
+        if paused:
+            if not task.is_pausable:
+                raise NotPausable(f"task {task_id} ({task.type}) cannot be paused")
+            if task.is_paused:
+                raise NotPausable(f"task {task_id} is already paused")
+            rt.child.pause()
+            tasks.set_paused(self.conn, task_id, True)
+            rt.paused_since = now
+            rt.log.info("task_paused", by="user")
+        else:
+            if not task.is_paused:
+                raise NotPausable(f"task {task_id} is not paused")
+            rt.child.resume()
+            self._mark_resumed(rt, now)
+            rt.log.info("task_resumed", by="user")
+        return tasks.get(self.conn, task_id)
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    def _interrupt_all(self, now: float) -> None:
+        for task_id in list(self.running):
+            self._request_stop(task_id, "shutdown", now)
+
+
+def _level(name: Any) -> int:
+    level = logging.getLevelName(str(name).upper()) if name is not None else logging.INFO
+    return level if isinstance(level, int) else logging.INFO

@@ -1,0 +1,206 @@
+"""The executor API (SPEC §8): what third-party executors subclass, return and are given.
+
+`TaskExecutor.execute` runs in the task's own subprocess (see `executors.endpoint`) and talks to the
+supervisor only through the `TaskContext` it is given: progress and requests go out as small dicts
+on the task's status channel; cancel and pause come in as two Events.
+
+Messages on the status channel (child → supervisor), each a dict with a "type":
+
+    {"type": "progress", "percent": int 0-100, "text": str | None}
+    {"type": "pausable", "pausable": bool}
+    {"type": "pause_request", "reason": str}
+    {"type": "resume_request"}
+    {"type": "log", "level": "WARNING" | "ERROR" | "CRITICAL", "message": str}
+    {"type": "result", "result": <JSON value> | None, "error": str | None, "error_type": str | None}
+
+Who touches the resume Event (set = running, clear = paused):
+- the supervisor clears it for a user pause, and sets it for a user resume and on cancel (after it
+  has set the cancel Event, so a woken executor always sees the cancel);
+- the child clears it only in `request_pause` (the seed's clear → put → wait) and sets it only in
+  `request_resume`, to end a pause it asked for itself. A self-resume must not wait for a round
+  trip through a busy (or restarting) supervisor, and the seed gives the supervisor no part in it
+  beyond recording `is_paused = 0`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
+
+    from daemon.models import Task
+
+# Longest status text and forwarded log line: messages stay small whatever an executor passes in.
+MAX_TEXT = 1000
+MAX_LOG_MESSAGE = 4000
+
+
+@dataclasses.dataclass
+class ExecuteResult:
+    """What `execute` returns: a result on success, or an error and its type.
+
+    `result` is a dict (stored as JSON) or a JSON string. `error is None and error_type is None`
+    means success; setting only `error_type` is still an error.
+    """
+
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when this is a success."""
+        return self.error is None and self.error_type is None
+
+
+class TaskExecutor:
+    """Base class of every executor; one subclass per task type."""
+
+    task_type: str
+    pausable: bool = False  # the task's initial is_pausable; `ctx.set_pausable` changes it later
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        """Run the task; called in the executor subprocess, never in the supervisor."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement execute()")
+
+    def can_skip(self, task: Task) -> bool:
+        """Supervisor side, before starting: True completes the task as skipped."""
+        return False
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        """Supervisor side, once, after a permanent failure or a cancel: undo side effects."""
+
+
+class StatusSink(Protocol):
+    """Where a `TaskContext` sends its messages (the child's end of the status channel)."""
+
+    def put(self, message: dict[str, Any]) -> None: ...
+
+
+class _ForwardToSupervisor(logging.Handler):
+    """Sends WARNING and above to the supervisor, so problems show in the daemon's log too."""
+
+    def __init__(self, status: StatusSink) -> None:
+        super().__init__(logging.WARNING)
+        self._status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()[:MAX_LOG_MESSAGE]
+            self._status.put({"type": "log", "level": record.levelname, "message": message})
+        except Exception:
+            self.handleError(record)
+
+
+class TaskContext:
+    """What `execute` gets as `ctx`: progress, cancel and pause, upstream results, a logger.
+
+    Safe to use from several threads of the executor.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        status: StatusSink,
+        cancel_event: Event,
+        resume_event: Event,
+        *,
+        upstream: Mapping[str, Any] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.task = task
+        self.upstream: dict[str, Any] = dict(upstream or {})
+        self._status = status
+        self._cancel = cancel_event
+        self._resume = resume_event
+        self._lock = threading.Lock()  # guards the progress de-duplication
+        self._pause_lock = threading.Lock()  # guards self-pause state and its two messages
+        self._last_progress: tuple[int, str | None] | None = None
+        self._self_paused = False
+        if log is None:
+            log = logging.getLogger(f"fredica.task.{task.id}")
+        if not any(isinstance(h, _ForwardToSupervisor) for h in log.handlers):
+            log.addHandler(_ForwardToSupervisor(status))
+        self.log = log
+
+    # --- progress ---------------------------------------------------------------------------------
+
+    def progress(self, percent: float, text: str | None = None) -> None:
+        """Report progress (clamped to 0-100, whole percents) and an optional status text."""
+        value = float(percent)
+        whole = 0 if math.isnan(value) else int(min(100.0, max(0.0, value)))
+        if text is not None:
+            text = str(text)[:MAX_TEXT]
+        with self._lock:
+            # Executors often report the same whole percent many times in a row (fractions of a
+            # percent, per-chunk callbacks); repeating it would only load the channel.
+            if self._last_progress == (whole, text):
+                return
+            self._last_progress = (whole, text)
+        self._status.put({"type": "progress", "percent": whole, "text": text})
+
+    def set_pausable(self, flag: bool) -> None:
+        """Tell the supervisor whether a user may pause the task from now on."""
+        self._status.put({"type": "pausable", "pausable": bool(flag)})
+
+    # --- cancel -----------------------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the supervisor asked the task to stop; `execute` should return CANCELLED."""
+        return self._cancel.is_set()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Sleep up to `timeout` seconds, waking early on cancel; True if cancelled."""
+        return self._cancel.wait(timeout)
+
+    # --- pause ------------------------------------------------------------------------------------
+
+    def wait_if_paused(self, timeout: float | None = None) -> bool:
+        """Block while the task is paused; False only if `timeout` passed while still paused.
+
+        A cancel also ends the wait (the supervisor sets the resume Event with the cancel Event),
+        so check `cancelled` after it.
+        """
+        return self._resume.wait(timeout)
+
+    def request_pause(self, reason: str) -> None:
+        """Pause the task from inside (e.g. waiting for a resource); returns once resumed.
+
+        The order is the seed's: clear the resume Event, then tell the supervisor, then wait. Clearing
+        first means a resume the supervisor sends as soon as it reads the request is never lost: it
+        can only set the Event after the clear, and a set Event ends the wait at once.
+        """
+        if self._cancel.is_set():
+            return  # a cancelled task is about to end: pausing it would only delay that
+        # The pause lock orders this request against `request_resume` from another thread: the
+        # supervisor must see pause_request before the matching resume_request.
+        with self._pause_lock:
+            self._self_paused = True
+            self._resume.clear()
+            self._status.put({"type": "pause_request", "reason": str(reason)[:MAX_TEXT]})
+        # A cancel that raced with the clear above set the resume Event before we cleared it; the
+        # supervisor sets the cancel Event first, so it is visible here and we must not wait.
+        if not self._cancel.is_set():
+            self._resume.wait()
+        with self._pause_lock:
+            self._self_paused = False
+
+    def request_resume(self) -> None:
+        """End a pause this executor asked for with `request_pause` (call from another thread).
+
+        Does nothing unless a `request_pause` is in progress: a plain user pause is the user's to end.
+        The request is sent before the Event is set, so the supervisor records `is_paused = 0`
+        before any progress the resumed thread reports.
+        """
+        with self._pause_lock:
+            if not self._self_paused:
+                return
+            self._self_paused = False
+            self._status.put({"type": "resume_request"})
+            self._resume.set()

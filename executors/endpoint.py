@@ -1,0 +1,301 @@
+"""The executor subprocess: its entry point `run`, and both ends of a task's status channel.
+
+Each task gets its own one-way pipe. A child killed in the middle of a write can therefore corrupt
+only its own channel, and a child that floods it blocks on the full pipe (backpressure) instead of
+growing the supervisor's memory.
+
+Framing is ours rather than `Connection.send`/`recv`: a 4-byte big-endian length, then the message
+as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
+message never blocks it, and it only ever decodes data, never pickles from a child. The
+`multiprocessing` Connection objects are used only to hand the pipe's fds to the child.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Mapping
+
+from daemon import models
+from executors import registry
+from executors.base import ExecuteResult, TaskContext
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
+
+    from daemon.models import Task
+
+HEADER_SIZE = 4
+# Far above any sensible result; a length beyond it can only be garbage, so the channel is dropped.
+MAX_MESSAGE = 64 * 1024 * 1024
+READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
+MAX_ERROR = 10_000
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One framed message; TypeError or ValueError if it is not plain JSON or too large."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    if len(body) > MAX_MESSAGE:
+        raise ValueError(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
+    return len(body).to_bytes(HEADER_SIZE, "big") + body
+
+
+class StatusQueue:
+    """The child's end of its status channel: `put` sends one message, blocking while the pipe is full."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._fd = connection.fileno()
+        # Executor threads may report concurrently; a message bigger than PIPE_BUF takes several
+        # writes, which must not interleave with another thread's.
+        self._lock = threading.Lock()
+
+    def put(self, message: Mapping[str, Any]) -> None:
+        """Send `message` (encoded before anything is written, so a bad one sends nothing)."""
+        data = memoryview(encode(message))
+        with self._lock:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+
+    def close(self) -> None:
+        """Close the child's end; the supervisor then sees end-of-file after the last message."""
+        self._connection.close()
+
+
+class StatusReader:
+    """The supervisor's end of a status channel: wait on it, then `drain` without ever blocking."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._fd = connection.fileno()
+        os.set_blocking(self._fd, False)
+        self._buffer = bytearray()
+        self._pos = 0
+        self.closed = False  # True once no further message can arrive
+        self.close_reason: str | None = None
+
+    def fileno(self) -> int:
+        """The fd to pass to `multiprocessing.connection.wait` (with the process sentinels)."""
+        return self._fd
+
+    def drain(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Up to `limit` messages that have fully arrived (all of them if None), never blocking.
+
+        End-of-file, a read error or garbled data mark the channel closed; nothing is raised.
+        """
+        messages: list[dict[str, Any]] = []
+        while limit is None or len(messages) < limit:
+            message = self._next_message()
+            if message is not None:
+                messages.append(message)
+                continue
+            if self.closed or not self._fill():
+                break
+        if self._pos:
+            del self._buffer[: self._pos]
+            self._pos = 0
+        return messages
+
+    def mark_closed(self, reason: str) -> None:
+        """Stop reading: whatever is still buffered or unread is discarded."""
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+        self._buffer.clear()
+        self._pos = 0
+
+    def close(self) -> None:
+        """Release the fd."""
+        self.mark_closed(self.close_reason or "closed by the supervisor")
+        self.connection.close()
+
+    def _fill(self) -> bool:
+        """Read what the pipe holds; False when nothing more is available now."""
+        try:
+            chunk = os.read(self._fd, READ_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self.mark_closed(f"read error: {exc}")
+            return False
+        if not chunk:
+            partial = len(self._buffer) > self._pos
+            self.mark_closed("end of file inside a message" if partial else "end of file")
+            return False
+        self._buffer += chunk
+        return True
+
+    def _next_message(self) -> dict[str, Any] | None:
+        if self.closed:
+            return None
+        available = len(self._buffer) - self._pos
+        if available < HEADER_SIZE:
+            return None
+        start = self._pos + HEADER_SIZE
+        length = int.from_bytes(self._buffer[self._pos : start], "big")
+        if length > MAX_MESSAGE:
+            self.mark_closed(f"garbled data: a message length of {length} bytes")
+            return None
+        if available < HEADER_SIZE + length:
+            return None
+        body = bytes(self._buffer[start : start + length])
+        self._pos = start + length
+        try:
+            message = json.loads(body)
+        except ValueError as exc:  # includes UnicodeDecodeError
+            self.mark_closed(f"garbled data: {exc}")
+            return None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self.mark_closed("garbled data: a message that is not an object with a type")
+            return None
+        return message
+
+
+# --- the subprocess -------------------------------------------------------------------------------
+
+
+def run(
+    task: Task,
+    executor_ref: str,
+    upstream: Mapping[str, Any],
+    log_path: str,
+    status_connection: Connection,
+    cancel_event: Event,
+    resume_event: Event,
+) -> None:
+    """Entry point of an executor subprocess: run one attempt of `task`, report, exit.
+
+    Never returns: the process exits with `os._exit` once the result is sent, so threads or
+    processes an executor left behind cannot keep its worker slot busy after it has reported.
+    """
+    # The supervisor decides when a task stops; a Ctrl-C on the daemon's terminal reaches the whole
+    # foreground process group and must not kill executors behind its back.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status = StatusQueue(status_connection)
+    os.set_inheritable(status_connection.fileno(), False)  # not for the executor's own children
+    try:
+        log_file = _redirect_output(log_path)
+        # A segfault in an extension module then leaves a Python traceback in the task's log,
+        # which the supervisor quotes in the CRASHED error.
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+        endpoint_log, task_log = _loggers(task, log_file)
+        ctx = TaskContext(task, status, cancel_event, resume_event, upstream=upstream, log=task_log)
+    except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
+        try:
+            status.put(_error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))
+        finally:
+            os._exit(1)
+    endpoint_log.info(
+        "task %s (%s) attempt %d started in pid %d with %s",
+        task.id, task.type, task.retry_count + 1, os.getpid(), executor_ref,
+    )
+    message = result_message(_execute(task, executor_ref, ctx, endpoint_log))
+    exit_code = 0
+    try:
+        try:
+            status.put(message)
+        except (TypeError, ValueError) as exc:
+            message = _error_message(f"the result cannot be sent: {exc}")
+            status.put(message)
+    except OSError as exc:  # the supervisor is gone: nobody left to report to
+        endpoint_log.error("cannot report the result: %s", exc)
+        exit_code = 1
+    if message["error"] is None:
+        endpoint_log.info("task finished: ok")
+    else:
+        endpoint_log.info("task finished: %s: %s", message["error_type"], message["error"])
+    _shut_down(status, exit_code)
+
+
+def result_message(outcome: Any) -> dict[str, Any]:
+    """The "result" message for what `execute` returned, with its result checked as JSON."""
+    if not isinstance(outcome, ExecuteResult):
+        return _error_message(f"execute() returned {type(outcome).__name__}, not an ExecuteResult")
+    if not outcome.ok:
+        error = outcome.error if outcome.error is not None else outcome.error_type
+        error_type = None if outcome.error_type is None else str(outcome.error_type)
+        return {"type": "result", "result": None, "error": str(error)[:MAX_ERROR], "error_type": error_type}
+    value = outcome.result
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            return _error_message(f"the result is a string that is not valid JSON: {exc}")
+    elif value is not None and not isinstance(value, dict):
+        return _error_message(
+            f"the result must be a dict, a JSON string or None, not {type(value).__name__}"
+        )
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return _error_message(f"the result cannot be stored as JSON: {exc}")
+    return {"type": "result", "result": value, "error": None, "error_type": None}
+
+
+def _error_message(error: str) -> dict[str, Any]:
+    return {"type": "result", "result": None, "error": error, "error_type": models.EXCEPTION}
+
+
+def _execute(task: Task, executor_ref: str, ctx: TaskContext, log: logging.Logger) -> Any:
+    """Import the executor and run it; any exception becomes an EXCEPTION result."""
+    try:
+        executor = registry.load_class(executor_ref)()
+        return executor.execute(task, ctx)
+    except BaseException as exc:  # SystemExit from an executor is a bug to report, not an exit
+        log.error("execute() raised:\n%s", "".join(traceback.format_exception(exc)).rstrip())
+        return ExecuteResult(error=f"{type(exc).__name__}: {exc}", error_type=models.EXCEPTION)
+
+
+def _redirect_output(log_path: str) -> Any:
+    """Point fds 1 and 2 at the task's log (so the executor's own children write there too)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
+    os.dup2(null, 0)
+    os.close(null)
+    # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    return open(log_path, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+
+
+def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger]:
+    """The endpoint's own logger and `ctx.log`, both writing timestamped lines to the task's log."""
+    handler = logging.StreamHandler(log_file)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    # Libraries that log through the root logger land in the task's log too.
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    loggers = []
+    for name in ("fredica.endpoint", f"fredica.task.{task.id}"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        loggers.append(logger)
+    return loggers[0], loggers[1]
+
+
+def _shut_down(status: StatusQueue, exit_code: int) -> None:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    status.close()
+    os._exit(exit_code)

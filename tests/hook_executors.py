@@ -1,0 +1,65 @@
+"""Executors whose supervisor-side hooks (can_skip, on_task_failed) leave traces for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from daemon.models import Task
+from executors.base import ExecuteResult, TaskContext, TaskExecutor
+from tests.sample_executors import Counter
+
+
+def _record(path: str, task: Task, result: ExecuteResult) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"task_id": task.id, "status": task.status.value, "error_type": result.error_type}) + "\n")
+
+
+class RecordingRaise(TaskExecutor):
+    """Raises on every attempt; on_task_failed appends a line to `hook_file`."""
+
+    task_type = "RECORDING_RAISE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        raise RuntimeError(f"attempt {task.retry_count + 1} failed")
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        _record(task.payload["hook_file"], task, result)
+
+
+class RecordingCounter(Counter):
+    """The pausable Counter, recording on_task_failed calls in `hook_file`."""
+
+    task_type = "RECORDING_COUNT"
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        _record(task.payload["hook_file"], task, result)
+
+
+class SkipIfExists(TaskExecutor):
+    """Skipped when `output` already exists; otherwise creates it."""
+
+    task_type = "SKIP_IF_EXISTS"
+
+    def can_skip(self, task: Task) -> bool:
+        return os.path.exists(task.payload["output"])
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        Path(task.payload["output"]).write_text("made")
+        return ExecuteResult(result={"made": task.payload["output"]})
+
+
+class BrokenHooks(TaskExecutor):
+    """can_skip and on_task_failed raise; execute fails with a retryable error."""
+
+    task_type = "BROKEN_HOOKS"
+
+    def can_skip(self, task: Task) -> bool:
+        raise RuntimeError("can_skip is broken")
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(error="nope", error_type="IO_ERROR")
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        raise RuntimeError("on_task_failed is broken")

@@ -1,0 +1,262 @@
+"""Real executors for the tests: each one exercises one behaviour of the executor subprocess.
+
+Tests observe them through files named in the payload (written atomically, so a reader never sees
+half a value) and through their status channel, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from daemon import models
+from daemon.models import Task
+from executors.base import ExecuteResult, TaskContext, TaskExecutor
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Replace the file's content in one step (readers see the old or the new text, never a mix)."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _cancelled() -> ExecuteResult:
+    return ExecuteResult(error="cancelled", error_type=models.CANCELLED)
+
+
+class Echo(TaskExecutor):
+    """Returns its payload."""
+
+    task_type = "ECHO"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result={"echo": task.payload, "task_id": task.id})
+
+
+class JsonText(TaskExecutor):
+    """Returns its result as a JSON string."""
+
+    task_type = "JSON_TEXT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result='{"text": true}')
+
+
+class Counter(TaskExecutor):
+    """Counts to `n`, one step per `step` seconds, honouring cancel and pause at every step.
+
+    `count_file` holds the count so far; `state_file` says "paused" just before the executor blocks
+    in `wait_if_paused`, and "running" once it continues.
+    """
+
+    task_type = "COUNT"
+    pausable = True
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        p = task.payload
+        count = 0
+        for _ in range(int(p.get("n", 10))):
+            if ctx.cancelled:
+                return _cancelled()
+            if not ctx.wait_if_paused(timeout=0):
+                write_atomically(p["state_file"], "paused")
+                ctx.wait_if_paused()
+                write_atomically(p["state_file"], "running")
+                if ctx.cancelled:
+                    return _cancelled()
+            count += 1
+            write_atomically(p["count_file"], str(count))
+            ctx.progress(100 * count / int(p.get("n", 10)), f"step {count}")
+            if ctx.wait_cancelled(float(p.get("step", 0.005))):
+                return _cancelled()
+        return ExecuteResult(result={"count": count})
+
+
+class Raising(TaskExecutor):
+    """Raises from execute()."""
+
+    task_type = "RAISE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        ctx.progress(10)
+        raise ValueError("boom from the executor")
+
+
+class ExitAbruptly(TaskExecutor):
+    """Leaves with os._exit(3) after printing a last line, sending no result."""
+
+    task_type = "EXIT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        print("about to exit abruptly", flush=True)
+        os._exit(int(task.payload.get("code", 3)))
+
+
+class Segfault(TaskExecutor):
+    """Crashes the interpreter with a real segmentation fault."""
+
+    task_type = "SEGFAULT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        ctypes.string_at(0)
+        return ExecuteResult(result={"unreachable": True})
+
+
+class Hang(TaskExecutor):
+    """Ignores cancel (and SIGTERM if `ignore_sigterm`) and sleeps forever; writes `ready_file` first."""
+
+    task_type = "HANG"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        if task.payload.get("ignore_sigterm"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        write_atomically(task.payload["ready_file"], str(os.getpid()))
+        threading.Event().wait()
+        return ExecuteResult()
+
+
+class Grandparent(TaskExecutor):
+    """Starts `sleep 600` (its pid goes to `pid_file`), then ignores cancel and hangs."""
+
+    task_type = "GRANDCHILD"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        p = task.payload
+        if p.get("ignore_sigterm"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grandchild = subprocess.Popen(["sleep", "600"])
+        write_atomically(p["pid_file"], str(grandchild.pid))
+        threading.Event().wait()
+        return ExecuteResult()
+
+
+class Flood(TaskExecutor):
+    """Sends `n` distinct progress messages as fast as it can, then succeeds."""
+
+    task_type = "FLOOD"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        n = int(task.payload.get("n", 100_000))
+        for i in range(n):
+            ctx.progress(i % 101, str(i))
+        return ExecuteResult(result={"sent": n})
+
+
+class SelfPause(TaskExecutor):
+    """Asks to pause `times` times, each until someone resumes it; `resumed_file` counts the resumes."""
+
+    task_type = "SELF_PAUSE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        p = task.payload
+        times = int(p.get("times", 1))
+        for i in range(times):
+            ctx.request_pause(f"waiting for the user ({i + 1})")
+            if "resumed_file" in p:
+                write_atomically(p["resumed_file"], str(i + 1))
+            if ctx.cancelled:
+                return _cancelled()
+        return ExecuteResult(result={"resumed": times})
+
+
+class SelfPauseSelfResume(TaskExecutor):
+    """Pauses itself; a helper thread resumes it once it sees the pause (a freed resource)."""
+
+    task_type = "SELF_RESUME"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        def resource_freed() -> None:
+            while ctx.wait_if_paused(timeout=0):  # wait until the main thread has paused
+                if ctx.wait_cancelled(0.001):
+                    return
+            ctx.request_resume()
+
+        helper = threading.Thread(target=resource_freed)
+        helper.start()
+        ctx.request_pause("gpu_oom")
+        helper.join()
+        ctx.progress(100, "done after self-resume")
+        return ExecuteResult(result={"self_resumed": True})
+
+
+class Upstream(TaskExecutor):
+    """Returns what it got as ctx.upstream."""
+
+    task_type = "UPSTREAM"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result={"upstream": ctx.upstream})
+
+
+class Printer(TaskExecutor):
+    """Writes to stdout, stderr, ctx.log, and through a child process, then succeeds."""
+
+    task_type = "PRINT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        print("hello on stdout")
+        print("hello on stderr", file=sys.stderr)
+        ctx.log.info("hello from ctx.log")
+        ctx.log.warning("careful from ctx.log")
+        subprocess.run(["sh", "-c", "echo hello from a grandchild; echo grandchild stderr >&2"], check=True)
+        return ExecuteResult(result={"printed": True})
+
+
+class BadResult(TaskExecutor):
+    """Returns a result of the kind named by `kind`, each of which is unusable."""
+
+    task_type = "BAD_RESULT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> Any:
+        kind = task.payload["kind"]
+        if kind == "object":
+            return ExecuteResult(result={"x": object()})
+        if kind == "nan":
+            return ExecuteResult(result={"x": float("nan")})
+        if kind == "list":
+            return ExecuteResult(result=[1, 2])
+        if kind == "bad_json":
+            return ExecuteResult(result="{not json")
+        if kind == "not_a_result":
+            return {"plain": "dict"}
+        if kind == "only_error_type":
+            return ExecuteResult(error_type=models.PAYLOAD_ERROR)
+        raise AssertionError(kind)
+
+
+class BigResult(TaskExecutor):
+    """Returns a result of `size` characters (many pipe writes, reassembled by the reader)."""
+
+    task_type = "BIG_RESULT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result={"blob": "x" * int(task.payload["size"])})
+
+
+class TogglePausable(TaskExecutor):
+    """Declares itself unpausable while running, and reports clamped progress."""
+
+    task_type = "TOGGLE"
+    pausable = True
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        ctx.set_pausable(False)
+        ctx.progress(-5)
+        ctx.progress(250.7, "over")
+        ctx.progress(42.9)
+        ctx.progress(42.2)  # the same whole percent and text: not sent again
+        return ExecuteResult(result={})
+
+
+class NotAnExecutor:
+    """Has a task_type but is not a TaskExecutor (for the registry tests)."""
+
+    task_type = "NOT_AN_EXECUTOR"

@@ -1,0 +1,495 @@
+"""Executor subprocesses for real: spawn, results, crashes, pause, cancel, process trees, floods.
+
+No supervisor and no database: each test drives `daemon.children` directly, the way the supervisor
+does, and synchronises on files the sample executors write and on the status channel.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from multiprocessing import connection as mp_connection
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+
+from daemon import children, models
+from daemon.models import Task, TaskStatus
+from executors import endpoint
+from executors.base import ExecuteResult, TaskContext
+from tests.conftest import wait_for
+
+Launch = Callable[..., children.ExecutorProcess]
+
+
+def make_task(task_type: str, payload: dict[str, Any] | None = None, **fields: Any) -> Task:
+    values: dict[str, Any] = dict(
+        seq=1, id=f"task-{task_type.lower()}", type=task_type, workflow_run_id="run-1",
+        material_id=None, status=TaskStatus.RUNNING, priority=0, depends_on=(),
+        payload=payload or {}, result=None, error=None, error_type=None, idempotency_key=None,
+        retry_count=0, max_retries=0, progress=0, status_text=None, is_paused=False,
+        is_pausable=False, timeout=None, not_before=0.0, executor_pid=None,
+        executor_started_at=None, created_at=0.0, claimed_at=None, started_at=None,
+        completed_at=None, heartbeat_at=None,
+    )
+    values.update(fields)
+    return Task(**values)
+
+
+@pytest.fixture(scope="module")
+def forkserver() -> children.ExecutorContext:
+    return children.make_context("forkserver")
+
+
+@pytest.fixture
+def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
+    """Start a sample executor; whatever is still running at the end of the test is killed."""
+    started: list[children.ExecutorProcess] = []
+
+    def _launch(
+        executor: str, payload: dict[str, Any] | None = None, *, context: Any = None,
+        upstream: dict[str, Any] | None = None, ref: str | None = None,
+    ) -> children.ExecutorProcess:
+        task = make_task(executor.upper(), payload)
+        child = children.spawn(
+            task, ref or f"tests.sample_executors:{executor}", upstream or {},
+            tmp_path / "logs" / f"{task.id}.log", context=context or forkserver,
+        )
+        started.append(child)
+        return child
+
+    yield _launch
+    for child in started:
+        if child.is_alive():
+            child.kill_tree()
+        child.reap(5)
+        child.close()
+
+
+def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
+    """Every message until the channel is closed and the process has ended, like the supervisor."""
+    messages: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        batch, open_ = child.drain(limit)
+        assert limit is None or len(batch) <= limit
+        messages += batch
+        if not open_ and not child.is_alive():
+            break
+        assert time.monotonic() < deadline, f"child still running; got {messages[-3:]}"
+        mp_connection.wait([child.sentinel, *([child.status.fileno()] if open_ else [])], 0.5)
+    assert child.reap(5) is not None
+    return messages
+
+
+def next_message(child: children.ExecutorProcess, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """Read messages (keeping them in `seen`) until one of type `kind` arrives."""
+    def arrived() -> dict[str, Any] | None:
+        for message in child.drain(1)[0]:
+            seen.append(message)
+            if message["type"] == kind:
+                return message
+        return None
+
+    found = wait_for(arrived, 10)
+    assert found is not None
+    return found
+
+
+def result_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    results = [m for m in messages if m["type"] == "result"]
+    assert len(results) == 1 and messages[-1] is results[0], messages[-5:]
+    return results[0]
+
+
+def read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# --- results ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_success_sends_the_result_and_exits_0(launch: Launch, start_method: str) -> None:
+    child = launch("Echo", {"a": 1}, context=children.make_context(start_method))
+    assert child.pid > 0 and child.log_path.name == "task-echo.log"
+    messages = collect(child)
+    assert messages == [
+        {"type": "result", "result": {"echo": {"a": 1}, "task_id": "task-echo"}, "error": None, "error_type": None}
+    ]
+    assert child.exitcode == 0
+    log = child.log_path.read_text()
+    assert "task task-echo (ECHO) attempt 1 started" in log and "task finished: ok" in log
+
+
+def test_a_json_string_result_arrives_parsed(launch: Launch) -> None:
+    assert result_of(collect(launch("JsonText")))["result"] == {"text": True}
+
+
+def test_upstream_results_reach_the_executor(launch: Launch) -> None:
+    upstream = {"dep-1": {"path": "/tmp/x"}, "dep-2": None}
+    assert result_of(collect(launch("Upstream", upstream=upstream)))["result"] == {"upstream": upstream}
+
+
+def test_an_exception_is_an_exception_result_with_its_traceback_in_the_log(launch: Launch) -> None:
+    child = launch("Raising")
+    messages = collect(child)
+    assert messages[0] == {"type": "progress", "percent": 10, "text": None}
+    result = result_of(messages)
+    assert result["error"] == "ValueError: boom from the executor"
+    assert result["error_type"] == models.EXCEPTION and child.exitcode == 0
+    log = child.log_path.read_text()
+    assert "Traceback (most recent call last)" in log and 'raise ValueError("boom from the executor")' in log
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        ("object", "the result cannot be stored as JSON: Object of type object is not JSON serializable"),
+        ("nan", "the result cannot be stored as JSON: Out of range float values are not JSON compliant"),
+        ("list", "the result must be a dict, a JSON string or None, not list"),
+        ("bad_json", "the result is a string that is not valid JSON"),
+        ("not_a_result", "execute() returned dict, not an ExecuteResult"),
+    ],
+)
+def test_an_unusable_result_is_an_exception(launch: Launch, kind: str, error: str) -> None:
+    result = result_of(collect(launch("BadResult", {"kind": kind})))
+    assert result["error"].startswith(error) and result["error_type"] == models.EXCEPTION
+
+
+def test_an_error_type_alone_is_an_error(launch: Launch) -> None:
+    result = result_of(collect(launch("BadResult", {"kind": "only_error_type"})))
+    assert result == {"type": "result", "result": None, "error": "PAYLOAD_ERROR", "error_type": "PAYLOAD_ERROR"}
+
+
+def test_an_unimportable_executor_is_an_exception_in_the_child(launch: Launch) -> None:
+    result = result_of(collect(launch("Echo", ref="tests.no_such_module:Echo")))
+    assert result["error_type"] == models.EXCEPTION and "cannot import module 'tests.no_such_module'" in result["error"]
+
+
+def test_a_big_result_is_reassembled(launch: Launch) -> None:
+    result = result_of(collect(launch("BigResult", {"size": 3_000_000})))
+    assert result["result"] == {"blob": "x" * 3_000_000}
+
+
+def test_pausable_and_clamped_progress_messages(launch: Launch) -> None:
+    messages = collect(launch("TogglePausable"))
+    assert messages[:-1] == [
+        {"type": "pausable", "pausable": False},
+        {"type": "progress", "percent": 0, "text": None},
+        {"type": "progress", "percent": 100, "text": "over"},
+        {"type": "progress", "percent": 42, "text": None},
+    ]
+
+
+def test_stdout_stderr_grandchildren_and_ctx_log_land_in_the_task_log(launch: Launch) -> None:
+    child = launch("Printer")
+    messages = collect(child)
+    assert {"type": "log", "level": "WARNING", "message": "careful from ctx.log"} in messages
+    assert not any(m["type"] == "log" and "hello" in m["message"] for m in messages)  # INFO stays local
+    log = child.log_path.read_text()
+    for line in ("hello on stdout", "hello on stderr", "hello from a grandchild", "grandchild stderr"):
+        assert line in log
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO hello from ctx\.log$", log, re.M)
+
+
+def test_the_child_ignores_sigint_and_has_no_terminal(launch: Launch, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = launch("Hang", {"ready_file": str(ready)})
+    wait_for(ready.exists)
+    status = Path(f"/proc/{child.pid}/status").read_text()
+    ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", status, re.M).group(1), 16)  # type: ignore[union-attr]
+    assert ignored & (1 << (signal.SIGINT - 1))  # Ctrl-C is the supervisor's to handle
+    assert not ignored & (1 << (signal.SIGTERM - 1))  # terminate_tree must still work
+    fds = {fd: os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in (0, 1, 2)}
+    assert fds == {0: os.devnull, 1: str(child.log_path), 2: str(child.log_path)}
+
+
+def test_a_log_that_cannot_be_opened_is_reported_as_an_exception(forkserver: Any, tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    child = children.spawn(make_task("ECHO"), "tests.sample_executors:Echo", {}, log_dir, context=forkserver)
+    result = result_of(collect(child))  # the "log file" is a directory
+    assert result["error_type"] == models.EXCEPTION
+    assert result["error"].startswith("the executor process could not start: IsADirectoryError")
+    assert child.exitcode == 1
+    child.close()
+
+
+# --- crashes ----------------------------------------------------------------------------------------
+
+
+def test_os_exit_leaves_no_result_and_its_exit_code(launch: Launch) -> None:
+    child = launch("ExitAbruptly")
+    assert collect(child) == []
+    assert child.exitcode == 3 and children.describe_exit(child.exitcode) == "exit code 3"
+    assert children.tail(child.log_path, 3).endswith("about to exit abruptly")
+
+
+def test_sigkill_gives_a_negative_exit_code(launch: Launch, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = launch("Hang", {"ready_file": str(ready)})
+    wait_for(ready.exists)
+    os.kill(child.pid, signal.SIGKILL)
+    assert collect(child) == []
+    assert child.exitcode == -signal.SIGKILL and children.describe_exit(child.exitcode) == "killed by SIGKILL"
+
+
+def test_a_segfault_gives_sigsegv_and_a_python_traceback_in_the_log(launch: Launch) -> None:
+    child = launch("Segfault")
+    assert collect(child) == []
+    assert children.describe_exit(child.exitcode) == "killed by SIGSEGV"
+    assert "Fatal Python error: Segmentation fault" in child.log_path.read_text()
+
+
+# --- pause and resume -------------------------------------------------------------------------------
+
+
+def counter(launch: Launch, tmp_path: Path, n: int = 1_000_000) -> tuple[children.ExecutorProcess, Path, Path]:
+    count, state = tmp_path / "count", tmp_path / "state"
+    child = launch("Counter", {"n": n, "step": 0.001, "count_file": str(count), "state_file": str(state)})
+    return child, count, state
+
+
+def test_pause_stops_the_counter_and_resume_continues_it(launch: Launch, tmp_path: Path) -> None:
+    child, count, state = counter(launch, tmp_path)
+    wait_for(lambda: int(read(count) or 0) >= 2)
+    child.pause()
+    wait_for(lambda: read(state) == "paused")  # written just before it blocks in wait_if_paused
+    frozen = read(count)
+    child.drain()
+    assert child.is_alive() and read(count) == frozen
+    child.resume()
+    wait_for(lambda: int(read(count) or 0) > int(frozen or 0))
+    assert read(state) == "running"
+    child.request_cancel()
+    assert result_of(collect(child))["error_type"] == models.CANCELLED
+
+
+def test_request_pause_clears_then_reports_then_waits(launch: Launch, tmp_path: Path) -> None:
+    resumed = tmp_path / "resumed"
+    child = launch("SelfPause", {"resumed_file": str(resumed)})
+    seen: list[dict[str, Any]] = []
+    assert next_message(child, "pause_request", seen)["reason"] == "waiting for the user (1)"
+    # The Event was cleared before the request was sent, and the child waits on it.
+    assert not child.resume_event.is_set()
+    assert not mp_connection.wait([child.status.fileno(), child.sentinel], 0.2)
+    assert child.is_alive() and not resumed.exists()
+    child.resume()
+    assert result_of(collect(child))["result"] == {"resumed": 1}
+    assert read(resumed) == "1"
+
+
+def test_a_resume_sent_on_receipt_of_the_request_is_never_lost(launch: Launch) -> None:
+    child = launch("SelfPause", {"times": 25})
+    seen: list[dict[str, Any]] = []
+    for _ in range(25):
+        next_message(child, "pause_request", seen)
+        child.resume()  # as fast as a supervisor can: often before the child reaches its wait
+    assert result_of(collect(child))["result"] == {"resumed": 25}
+
+
+def test_a_resume_during_the_request_itself_is_kept() -> None:
+    """The earliest possible resume, set while the request is being sent, ends the wait."""
+    cancel, resume = threading.Event(), threading.Event()
+    resume.set()
+
+    class ResumeOnReceipt:
+        def put(self, message: dict[str, Any]) -> None:
+            if message["type"] == "pause_request":
+                resume.set()
+
+    ctx = TaskContext(make_task("SELF_PAUSE"), ResumeOnReceipt(), cancel, resume)  # type: ignore[arg-type]
+    waiter = threading.Thread(target=ctx.request_pause, args=("gpu_oom",), daemon=True)
+    waiter.start()
+    waiter.join(5)
+    assert not waiter.is_alive()
+
+
+def test_request_pause_of_a_cancelled_task_returns_at_once() -> None:
+    cancel, resume = threading.Event(), threading.Event()
+    sent: list[dict[str, Any]] = []
+
+    class Sink:
+        def put(self, message: dict[str, Any]) -> None:
+            sent.append(message)
+
+    cancel.set()
+    ctx = TaskContext(make_task("SELF_PAUSE"), Sink(), cancel, resume)  # type: ignore[arg-type]
+    ctx.request_pause("late")
+    ctx.request_resume()  # no pause of its own in progress: nothing to end
+    assert sent == [] and not resume.is_set()
+
+
+def test_self_pause_then_self_resume_from_a_thread(launch: Launch) -> None:
+    child = launch("SelfPauseSelfResume")
+    messages = collect(child)
+    assert [m["type"] for m in messages] == ["pause_request", "resume_request", "progress", "result"]
+    assert messages[0]["reason"] == "gpu_oom" and result_of(messages)["result"] == {"self_resumed": True}
+    assert child.resume_event.is_set()
+
+
+# --- cancel and process trees -----------------------------------------------------------------------
+
+
+def test_cancel_gives_a_cancelled_result(launch: Launch, tmp_path: Path) -> None:
+    child, count, _ = counter(launch, tmp_path)
+    wait_for(lambda: int(read(count) or 0) >= 1)
+    child.request_cancel()
+    result = result_of(collect(child))
+    assert result["error_type"] == models.CANCELLED and child.exitcode == 0
+
+
+def test_cancel_wakes_a_paused_task(launch: Launch, tmp_path: Path) -> None:
+    child, _, state = counter(launch, tmp_path)
+    child.pause()
+    wait_for(lambda: read(state) == "paused")
+    child.request_cancel()
+    assert result_of(collect(child))["error_type"] == models.CANCELLED
+
+
+def test_cancel_wakes_a_self_paused_task(launch: Launch) -> None:
+    child = launch("SelfPause")
+    next_message(child, "pause_request", [])
+    child.request_cancel()
+    assert result_of(collect(child))["error_type"] == models.CANCELLED
+
+
+def grandparent(launch: Launch, tmp_path: Path, **payload: Any) -> tuple[children.ExecutorProcess, int]:
+    pid_file = tmp_path / "grandchild.pid"
+    child = launch("Grandparent", {"pid_file": str(pid_file), **payload})
+    grandchild = int(str(wait_for(lambda: read(pid_file))))
+    assert not gone(grandchild)
+    return child, grandchild
+
+
+def test_terminate_tree_ends_the_child_and_its_grandchild(launch: Launch, tmp_path: Path) -> None:
+    child, grandchild = grandparent(launch, tmp_path)
+    try:
+        child.request_cancel()  # ignored by this executor
+        child.terminate_tree()
+        assert collect(child) == []
+        assert child.exitcode == -signal.SIGTERM
+        wait_for(lambda: gone(grandchild))
+    finally:
+        if not gone(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_kill_tree_ends_a_tree_that_ignores_sigterm(launch: Launch, tmp_path: Path) -> None:
+    child, grandchild = grandparent(launch, tmp_path, ignore_sigterm=True)
+    try:
+        child.terminate_tree()  # ignored by both (SIG_IGN survives exec)
+        child.kill_tree()
+        assert collect(child) == []
+        assert child.exitcode == -signal.SIGKILL
+        wait_for(lambda: gone(grandchild))
+    finally:
+        if not gone(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_find_leftover_recognises_a_process_only_by_pid_and_start_time(launch: Launch, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = launch("Hang", {"ready_file": str(ready)})
+    wait_for(ready.exists)
+    assert child.create_time is not None
+    found = children.find_leftover(child.pid, child.create_time)
+    assert found is not None and found.pid == child.pid
+    assert children.find_leftover(child.pid, child.create_time - 5) is None  # a reused pid
+    child.kill_tree()
+    collect(child)
+    wait_for(lambda: children.find_leftover(child.pid, child.create_time or 0) is None)
+    assert children.find_leftover(2**22 + 12345, 0.0) is None  # beyond pid_max: never a process
+
+
+# --- floods and broken channels ---------------------------------------------------------------------
+
+
+def test_a_flood_is_drained_in_bounded_batches_and_ends_with_the_result(launch: Launch) -> None:
+    messages = collect(launch("Flood", {"n": 100_000}), limit=1000)
+    progress = [m for m in messages if m["type"] == "progress"]
+    assert len(progress) == 100_000
+    assert progress[0] == {"type": "progress", "percent": 0, "text": "0"} and progress[-1]["text"] == "99999"
+    assert result_of(messages)["result"] == {"sent": 100_000}
+
+
+def test_drain_after_sigkill_mid_flood_never_raises(launch: Launch) -> None:
+    child = launch("Flood", {"n": 10_000_000})
+    wait_for(lambda: child.drain(10).messages)  # flowing; the pipe refills while we do not read
+    os.kill(child.pid, signal.SIGKILL)
+    messages = collect(child, limit=1000)
+    assert messages and all(m["type"] == "progress" for m in messages)
+    assert child.exitcode == -signal.SIGKILL
+
+
+def reader_with(data: bytes) -> endpoint.StatusReader:
+    reader_conn, writer_conn = multiprocessing.Pipe(duplex=False)
+    os.write(writer_conn.fileno(), data)
+    writer_conn.close()
+    return endpoint.StatusReader(reader_conn)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (endpoint.encode({"type": "progress", "percent": 5, "text": None})[:-3], "end of file inside a message"),
+        (b"\x00\x00\x00\x03abc", "garbled data"),
+        ((2**31).to_bytes(4, "big") + b"xxxx", "garbled data"),
+        (b"\x00\x00\x00\x02[]", "garbled data"),
+        (b"\x00\x00\x00\x02\xff\xfe", "garbled data"),
+    ],
+)
+def test_the_reader_treats_broken_data_as_closed(data: bytes, reason: str) -> None:
+    good = endpoint.encode({"type": "resume_request"})
+    reader = reader_with(good + data)
+    assert reader.drain() == [{"type": "resume_request"}]
+    assert reader.closed and (reader.close_reason or "").startswith(reason)
+    assert reader.drain() == []
+    reader.close()
+
+
+# --- small pieces -----------------------------------------------------------------------------------
+
+
+def test_execute_result_ok() -> None:
+    assert ExecuteResult().ok and ExecuteResult(result={"a": 1}).ok
+    assert not ExecuteResult(error="x").ok and not ExecuteResult(error_type=models.CANCELLED).ok
+
+
+def test_describe_exit() -> None:
+    assert children.describe_exit(0) == "exit code 0"
+    assert children.describe_exit(-signal.SIGTERM) == "killed by SIGTERM"
+    assert children.describe_exit(-200) == "killed by signal 200"
+    assert children.describe_exit(None) == "still running"
+
+
+def test_tail_reads_the_last_lines_from_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "task.log"
+    assert children.tail(log) == ""
+    log.write_text("".join(f"line {i} {'x' * 100}\n" for i in range(5000)))
+    last = children.tail(log, 3).splitlines()
+    assert [line.split()[1] for line in last] == ["4997", "4998", "4999"]
+    assert len(children.tail(log, 20).splitlines()) == 20
+    assert len(children.tail(log, 10_000, max_bytes=4096)) <= 4096
+
+
+def test_fork_is_refused() -> None:
+    with pytest.raises(ValueError, match="forkserver, spawn"):
+        children.make_context("fork")

@@ -1,0 +1,448 @@
+"""The supervisor end to end, in-process, with real executor subprocesses and a real database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+import structlog
+
+from daemon import models
+from daemon.config import Settings
+from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.models import Task, TaskStatus
+from daemon.store import runs, tasks
+from daemon.submission import parse_spec
+from daemon.supervisor import Supervisor
+from tests.conftest import wait_for
+
+EXECUTORS = {
+    name: f"tests.sample_executors:{cls}"
+    for name, cls in {
+        "ECHO": "Echo",
+        "COUNT": "Counter",
+        "RAISE": "Raising",
+        "EXIT": "ExitAbruptly",
+        "SEGFAULT": "Segfault",
+        "HANG": "Hang",
+        "GRANDCHILD": "Grandparent",
+        "FLOOD": "Flood",
+        "SELF_PAUSE": "SelfPause",
+        "SELF_RESUME": "SelfPauseSelfResume",
+        "UPSTREAM": "Upstream",
+    }.items()
+} | {
+    name: f"tests.hook_executors:{cls}"
+    for name, cls in {
+        "RECORDING_RAISE": "RecordingRaise",
+        "RECORDING_COUNT": "RecordingCounter",
+        "SKIP_IF_EXISTS": "SkipIfExists",
+        "BROKEN_HOOKS": "BrokenHooks",
+    }.items()
+}
+
+
+@pytest.fixture
+def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+    started: list[Supervisor] = []
+
+    def make(**overrides: Any) -> Supervisor:
+        options: dict[str, Any] = dict(
+            database=tmp_path / "fredica.db",
+            socket=tmp_path / "control.sock",
+            log_dir=tmp_path / "logs",
+            executors=EXECUTORS,
+            max_workers=4,
+            cancel_grace=0.3,
+            backoff_base=0.05,
+            backoff_max=0.5,
+            progress_interval=0.02,
+        )
+        options.update(overrides)
+        supervisor = Supervisor(Settings(**options))
+        supervisor.start()
+        started.append(supervisor)
+        return supervisor
+
+    yield make
+    for supervisor in started:
+        supervisor.stop(grace=0, timeout=20)
+
+
+def submit(sup: Supervisor, task_type: str, **fields: Any) -> str:
+    return sup.submit([parse_spec({"type": task_type, **fields})]).tasks[0].id
+
+
+def get(sup: Supervisor, task_id: str) -> Task:
+    return sup.call(lambda: tasks.get(sup.conn, task_id))
+
+
+def wait_status(sup: Supervisor, task_id: str, *statuses: TaskStatus, timeout: float = 20) -> Task:
+    return wait_for(lambda: (t := get(sup, task_id)).status in statuses and t, timeout)
+
+
+def wait_ended(sup: Supervisor, task_id: str, timeout: float = 20) -> Task:
+    return wait_status(sup, task_id, *models.TERMINAL_STATUSES, timeout=timeout)
+
+
+def counter_payload(tmp_path: Path, name: str, n: int = 100_000, step: float = 0.005, **extra: Any) -> dict[str, Any]:
+    return {
+        "n": n,
+        "step": step,
+        "count_file": str(tmp_path / f"{name}.count"),
+        "state_file": str(tmp_path / f"{name}.state"),
+        **extra,
+    }
+
+
+def read_int(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def hook_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# --- results and dependencies ---------------------------------------------------------------------
+
+
+def test_success_result_is_read_downstream(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    submission = sup.submit(
+        [
+            parse_spec({"type": "ECHO", "key": "first", "payload": {"word": "hello"}}),
+            parse_spec({"type": "UPSTREAM", "depends_on": ["first"]}),
+        ]
+    )
+    first, second = (t.id for t in submission.tasks)
+    downstream = wait_ended(sup, second)
+    upstream = get(sup, first)
+    assert upstream.status is TaskStatus.COMPLETED and upstream.progress == 100
+    assert upstream.result == {"echo": {"word": "hello"}, "task_id": first}
+    assert downstream.status is TaskStatus.COMPLETED
+    assert downstream.result == {"upstream": {first: upstream.result}}
+    assert downstream.started_at >= upstream.completed_at
+    run = sup.call(lambda: runs.get(sup.conn, submission.run_id))
+    assert run.status is models.RunStatus.COMPLETED and run.done_tasks == 2 and run.completed_at
+
+
+def test_executor_pid_and_start_time_are_recorded(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    ready = tmp_path / "ready"
+    task_id = submit(sup, "HANG", payload={"ready_file": str(ready)})
+    wait_for(ready.exists)
+    task = wait_status(sup, task_id, TaskStatus.RUNNING)
+    assert task.executor_pid == int(ready.read_text())
+    assert psutil.Process(task.executor_pid).create_time() == pytest.approx(task.executor_started_at, abs=0.01)
+    assert task.heartbeat_at is not None and task.started_at is not None
+
+
+# --- failures ---------------------------------------------------------------------------------------
+
+
+def test_exception_is_retried_with_backoff_then_fails_and_hook_runs_once(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(backoff_base=0.05, backoff_max=1.0)
+    hook_file = tmp_path / "hook"
+    with structlog.testing.capture_logs() as events:
+        task_id = submit(sup, "RECORDING_RAISE", max_retries=2, payload={"hook_file": str(hook_file)})
+        task = wait_ended(sup, task_id)
+        wait_for(hook_file.exists)
+    assert task.status is TaskStatus.FAILED
+    assert task.error_type == models.EXCEPTION
+    assert "attempt 3 failed" in task.error
+    assert task.retry_count == 2
+    delays = [e["delay"] for e in events if e["event"] == "task_retrying" and e.get("task_id") == task_id]
+    assert delays == [0.05, 0.1]  # exponential: base, then doubled
+    assert hook_lines(hook_file) == [{"task_id": task_id, "status": "failed", "error_type": "EXCEPTION"}]
+    log_text = sup.settings.task_log(task_id).read_text()
+    assert "Traceback" in log_text and "RuntimeError: attempt 1 failed" in log_text
+
+
+def test_never_retried_error_types_fail_at_once(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor(executors=EXECUTORS | {"BAD_RESULT": "tests.sample_executors:BadResult"})
+    task_id = submit(sup, "BAD_RESULT", max_retries=5, payload={"kind": "only_error_type"})
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.FAILED and task.error_type == models.PAYLOAD_ERROR
+    assert task.retry_count == 0
+
+
+@pytest.mark.parametrize(
+    ("task_type", "expected"),
+    [("EXIT", "exit code 3"), ("SEGFAULT", "killed by SIGSEGV")],
+)
+def test_a_child_that_dies_without_a_result_is_crashed(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path, task_type: str, expected: str
+) -> None:
+    sup = make_supervisor()
+    bystander = submit(sup, "COUNT", payload=counter_payload(tmp_path, "bystander", n=30, step=0.01))
+    task_id = submit(sup, task_type)
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
+    assert expected in task.error
+    if task_type == "EXIT":
+        assert "about to exit abruptly" in task.error  # the last lines of its output
+    assert wait_ended(sup, bystander).status is TaskStatus.COMPLETED
+    # The supervisor carries on: new work still runs.
+    assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED
+
+
+def test_sigkill_of_the_child_is_crashed(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    ready = tmp_path / "ready"
+    task_id = submit(sup, "HANG", max_retries=1, payload={"ready_file": str(ready)})
+    wait_for(ready.exists)
+    os.kill(int(ready.read_text()), signal.SIGKILL)
+    # The first crash is retried (CRASHED is retryable); kill the second attempt too.
+    task = wait_for(lambda: (t := get(sup, task_id)).retry_count == 1 and t)
+    assert task.error_type == models.CRASHED and "killed by SIGKILL" in task.error
+    ready.unlink()
+    wait_for(ready.exists)
+    os.kill(int(ready.read_text()), signal.SIGKILL)
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
+
+
+def test_a_hang_past_its_timeout_is_timeout(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor(cancel_grace=0.2)
+    bystander = submit(sup, "COUNT", payload=counter_payload(tmp_path, "bystander", n=20, step=0.01))
+    task_id = submit(sup, "HANG", timeout=0.3, payload={"ready_file": str(tmp_path / "ready")})
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.FAILED and task.error_type == models.TIMEOUT
+    assert "timed out after 0.3 s" in task.error
+    assert wait_ended(sup, bystander).status is TaskStatus.COMPLETED
+
+
+# --- cancel -----------------------------------------------------------------------------------------
+
+
+def test_cancel_pending_and_running_and_whole_run(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    hook_file = tmp_path / "hook"
+    payload = counter_payload(tmp_path, "c", hook_file=str(hook_file))
+    submission = sup.submit(
+        [
+            parse_spec({"type": "RECORDING_COUNT", "key": "a", "payload": payload}),
+            parse_spec({"type": "ECHO", "key": "b", "depends_on": ["a"]}),
+            parse_spec({"type": "ECHO", "depends_on": ["b"]}),
+        ]
+    )
+    running_id, pending_id, downstream_id = (t.id for t in submission.tasks)
+    wait_for(lambda: read_int(tmp_path / "c.count") > 2)
+
+    # A pending task: cancelled in the database at once, its dependents with it.
+    report = sup.cancel(pending_id)
+    assert report.cancelled == (pending_id,) and report.stopping == ()
+    assert get(sup, pending_id).status is TaskStatus.CANCELLED
+    assert get(sup, downstream_id).error_type == models.DEPENDENCY_FAILED
+    assert get(sup, running_id).status is TaskStatus.RUNNING
+
+    # A running task: its executor sees the cancel Event and returns CANCELLED.
+    assert sup.cancel(running_id).stopping == (running_id,)
+    task = wait_ended(sup, running_id)
+    assert task.status is TaskStatus.CANCELLED and task.error_type == models.CANCELLED
+    wait_for(hook_file.exists)
+    assert hook_lines(hook_file) == [{"task_id": running_id, "status": "cancelled", "error_type": "CANCELLED"}]
+    run = sup.call(lambda: runs.get(sup.conn, submission.run_id))
+    assert run.status is models.RunStatus.CANCELLED and run.completed_at is not None
+
+    # Cancelling something finished, or unknown, is refused.
+    with pytest.raises(InvalidTransition):
+        sup.cancel(running_id)
+    with pytest.raises(InvalidTransition):
+        sup.cancel(submission.run_id)
+    with pytest.raises(UnknownTask):
+        sup.cancel("no-such-id")
+
+
+def test_cancel_a_run_stops_its_running_tasks(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor(max_workers=2)
+    submission = sup.submit(
+        [
+            parse_spec({"type": "COUNT", "payload": counter_payload(tmp_path, "x")}),
+            parse_spec({"type": "COUNT", "payload": counter_payload(tmp_path, "y")}),
+            parse_spec({"type": "COUNT", "payload": counter_payload(tmp_path, "z")}),
+        ]
+    )
+    wait_for(lambda: read_int(tmp_path / "x.count") and read_int(tmp_path / "y.count"))
+    report = sup.cancel(submission.run_id)
+    assert len(report.cancelled) == 1 and len(report.stopping) == 2
+    for task in submission.tasks:
+        assert wait_ended(sup, task.id).status is TaskStatus.CANCELLED
+    assert sup.call(lambda: runs.get(sup.conn, submission.run_id)).status is models.RunStatus.CANCELLED
+
+
+def test_cancel_a_paused_task(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    task_id = submit(sup, "COUNT", payload=counter_payload(tmp_path, "p"))
+    wait_for(lambda: read_int(tmp_path / "p.count") > 1)
+    sup.pause(task_id)
+    wait_for(lambda: (tmp_path / "p.state").exists() and (tmp_path / "p.state").read_text() == "paused")
+    sup.cancel(task_id)
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.CANCELLED and not task.is_paused
+
+
+def test_cancel_kills_a_child_that_ignores_it_and_its_grandchild(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(cancel_grace=0.2)
+    pid_file = tmp_path / "grandchild.pid"
+    task_id = submit(sup, "GRANDCHILD", payload={"pid_file": str(pid_file), "ignore_sigterm": True})
+    wait_for(pid_file.exists)
+    grandchild = psutil.Process(int(pid_file.read_text()))
+    child = psutil.Process(wait_status(sup, task_id, TaskStatus.RUNNING).executor_pid)
+    with structlog.testing.capture_logs() as events:
+        sup.cancel(task_id)
+        task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.CANCELLED
+    names = [e["event"] for e in events if e.get("task_id") == task_id]
+    assert names.index("executor_terminated") < names.index("executor_killed")
+    wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE)
+
+
+# --- pause and resume -------------------------------------------------------------------------------
+
+
+def test_pause_and_resume_a_counting_task(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    count_file, state_file = tmp_path / "c.count", tmp_path / "c.state"
+    task_id = submit(sup, "COUNT", payload=counter_payload(tmp_path, "c", n=400, step=0.002))
+    wait_for(lambda: read_int(count_file) > 2)
+    paused = sup.pause(task_id)
+    assert paused.is_paused and paused.display_status == "paused"
+    wait_for(lambda: state_file.exists() and state_file.read_text() == "paused")
+    frozen = read_int(count_file)
+    progress_frozen = wait_for(lambda: (t := get(sup, task_id)).progress == frozen * 100 // 400 and t).progress
+    with pytest.raises(NotPausable, match="already paused"):
+        sup.pause(task_id)
+    # The executor is blocked in wait_if_paused: the count cannot have moved.
+    assert read_int(count_file) == frozen and state_file.read_text() == "paused"
+    resumed = sup.resume(task_id)
+    assert not resumed.is_paused
+    wait_for(lambda: read_int(count_file) > frozen)
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.result == {"count": 400}
+    assert progress_frozen < 100
+
+
+def test_pause_is_refused_for_tasks_not_running_or_not_pausable(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor()
+    ready = tmp_path / "ready"
+    hang = submit(sup, "HANG", payload={"ready_file": str(ready)})
+    blocked = sup.submit([parse_spec({"type": "ECHO", "depends_on": [hang]})]).tasks[0].id
+    wait_for(ready.exists)
+    wait_status(sup, hang, TaskStatus.RUNNING)
+    with pytest.raises(NotPausable, match="cannot be paused"):
+        sup.pause(hang)  # Hang is not pausable
+    with pytest.raises(NotPausable, match="waiting"):
+        sup.pause(blocked)
+    with pytest.raises(NotPausable, match="not paused"):
+        sup.resume(hang)
+    with pytest.raises(UnknownTask):
+        sup.pause("no-such-task")
+    assert not get(sup, hang).is_paused
+
+
+def test_self_pause_waits_for_a_user_resume(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    resumed_file = tmp_path / "resumed"
+    # Twenty pauses in a row, each resumed the moment it is seen: a resume that lands before the
+    # executor reaches its wait must not be lost, or the task would hang here.
+    task_id = submit(sup, "SELF_PAUSE", payload={"times": 20, "resumed_file": str(resumed_file)})
+    for i in range(1, 21):
+        wait_for(lambda: get(sup, task_id).is_paused)
+        sup.resume(task_id)
+        wait_for(lambda: read_int(resumed_file) >= i or get(sup, task_id).status is TaskStatus.COMPLETED)
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.result == {"resumed": 20}
+    assert not task.is_paused
+
+
+def test_self_pause_then_self_resume(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    with structlog.testing.capture_logs() as events:
+        task_id = submit(sup, "SELF_RESUME")
+        task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.result == {"self_resumed": True}
+    assert not task.is_paused
+    kinds = [(e["event"], e.get("by")) for e in events if e.get("task_id") == task_id]
+    assert kinds.index(("task_paused", "executor")) < kinds.index(("task_resumed", "executor"))
+
+
+# --- floods, hooks, scheduling ----------------------------------------------------------------------
+
+
+def test_a_flooding_child_stalls_neither_other_tasks_nor_the_database(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(progress_interval=0.05)
+    changes_before = sup.call(lambda: sup.conn.total_changes)
+    flood = submit(sup, "FLOOD", payload={"n": 100_000})
+    echoes = [submit(sup, "ECHO", payload={"i": i}) for i in range(10)]
+    for task_id in echoes:
+        assert wait_ended(sup, task_id).status is TaskStatus.COMPLETED
+    task = wait_ended(sup, flood, timeout=60)
+    assert task.status is TaskStatus.COMPLETED and task.result == {"sent": 100_000}
+    changes = sup.call(lambda: sup.conn.total_changes) - changes_before
+    # 100,000 progress messages became a few coalesced writes, not one row update each.
+    assert changes < 2_000
+
+
+def test_the_last_progress_value_lands(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(progress_interval=60)  # only the final flush can write it
+    task = wait_ended(sup, submit(sup, "RAISE"))
+    assert task.status is TaskStatus.FAILED and task.progress == 10
+
+
+def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    output = tmp_path / "out"
+    made = wait_ended(sup, submit(sup, "SKIP_IF_EXISTS", payload={"output": str(output)}))
+    assert made.status is TaskStatus.COMPLETED and made.result == {"made": str(output)}
+    skipped = wait_ended(sup, submit(sup, "SKIP_IF_EXISTS", payload={"output": str(output)}))
+    assert skipped.status is TaskStatus.COMPLETED and skipped.result == {"skipped": True}
+    assert skipped.started_at is None  # never ran
+    missing = wait_ended(sup, submit(sup, "NOBODY_RUNS_THIS", max_retries=3))
+    assert missing.status is TaskStatus.FAILED and missing.error_type == models.NO_EXECUTOR
+    assert missing.retry_count == 0
+
+
+def test_broken_hooks_are_logged_never_fatal(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    with structlog.testing.capture_logs() as events:
+        task = wait_ended(sup, submit(sup, "BROKEN_HOOKS", max_retries=1))
+    assert task.status is TaskStatus.FAILED and task.error_type == "IO_ERROR" and task.retry_count == 1
+    names = [e["event"] for e in events if e.get("task_id") == task.id]
+    assert names.count("can_skip_failed") == 2 and names.count("on_task_failed_failed") == 1
+    assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED
+
+
+def test_priorities_and_dependencies_end_to_end(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor(max_workers=1)
+    ready = tmp_path / "ready"
+    gate = submit(sup, "HANG", payload={"ready_file": str(ready)})
+    wait_for(ready.exists)  # the only worker is busy: everything below waits
+    low = submit(sup, "ECHO", priority=1)
+    high = submit(sup, "ECHO", priority=5)
+    same_a = submit(sup, "ECHO", priority=3)
+    same_b = submit(sup, "ECHO", priority=3)
+    blocked_high = sup.submit([parse_spec({"type": "ECHO", "priority": 100, "depends_on": [low]})]).tasks[0].id
+    sup.cancel(gate)
+    order = [low, high, same_a, same_b, blocked_high]
+    ended = [wait_ended(sup, task_id) for task_id in order]
+    assert all(t.status is TaskStatus.COMPLETED for t in ended)
+    by_start = sorted(ended, key=lambda t: t.started_at)
+    assert [t.id for t in by_start] == [high, same_a, same_b, low, blocked_high]
