@@ -225,3 +225,31 @@ class WorkflowRun:
             "created_at": self.created_at,
             "completed_at": self.completed_at,
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestartEntry:
+    """A row of `restart_task_log`: a task that a restart interrupted, and what became of it."""
+
+    id: int
+    session_id: str
+    task_id: str
+    task_type: str
+    workflow_run_id: str | None
+    material_id: str | None
+    status_at_restart: str
+    payload: dict[str, Any]
+    progress: int
+    disposition: str
+    new_workflow_run_id: str | None
+    created_at: float
+    resolved_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "RestartEntry":
+        values = {field.name: row[field.name] for field in dataclasses.fields(cls)}
+        values["payload"] = json.loads(row["payload"] or "{}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

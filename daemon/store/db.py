@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -37,10 +38,29 @@ def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: floa
     )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    conn.execute("PRAGMA journal_mode = WAL")
+    _enable_wal(conn, busy_timeout)
     conn.execute(f"PRAGMA synchronous = {level}")
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    # Switching to WAL needs an exclusive lock, and SQLite does not apply the busy handler to it:
+    # several processes opening a new file at once can see "database is locked". WAL is persistent,
+    # so only the first opener switches; the others find it set, or retry until it is.
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError("could not switch the database to WAL mode")
+        time.sleep(0.01)
 
 
 def open_database(

@@ -15,6 +15,7 @@ from typing import Iterable
 from daemon import scheduler
 from daemon.errors import UnknownRun
 from daemon.models import RunCounts, RunStatus, TaskStatus, WorkflowRun
+from daemon.store.db import write
 
 COUNT_COLUMN = {
     TaskStatus.PENDING: "pending_tasks",
@@ -106,7 +107,7 @@ def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float)
 def _write_status(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> None:
     status = scheduler.run_status(counts)
     # `completed_at`: set once the run has no active task left, kept from then on.
-    completed_at = (run.completed_at or now) if counts.active == 0 else None
+    completed_at = (now if run.completed_at is None else run.completed_at) if counts.active == 0 else None
     if status is not run.status or completed_at != run.completed_at:
         conn.execute(
             "UPDATE workflow_run SET status = ?, completed_at = ? WHERE id = ?",
@@ -125,6 +126,11 @@ def counts_from_tasks(conn: sqlite3.Connection, run_id: str) -> RunCounts:
 
 def recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
     """Rebuild the run's counters and status from its tasks; used by reconciliation."""
+    with write(conn):
+        return _recompute(conn, run_id, now)
+
+
+def _recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
     run = get(conn, run_id)
     counts = counts_from_tasks(conn, run_id)
     conn.execute(
@@ -157,4 +163,5 @@ def reconcile_non_terminal(conn: sqlite3.Connection, now: float) -> list[Workflo
             f"SELECT id FROM workflow_run WHERE status IN ({placeholders})", NON_TERMINAL_RUN_STATUSES
         )
     ]
-    return [recompute(conn, run_id, now) for run_id in run_ids]
+    with write(conn):
+        return [_recompute(conn, run_id, now) for run_id in run_ids]

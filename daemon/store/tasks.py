@@ -561,3 +561,71 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, 
                WHERE id = ? AND status = 'running'""",
             [(max(0, min(100, int(p))), text, task_id) for task_id, p, text in updates],
         )
+
+
+# --- startup recovery (SPEC §9) -----------------------------------------------------------------
+
+
+def _rows(conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    return conn.execute(
+        f"SELECT seq, id, status, workflow_run_id FROM task WHERE {where} ORDER BY seq", params
+    ).fetchall()
+
+
+def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
+    """Every `running` task → failed (INTERRUPTED): its outcome is unknown after a crash."""
+    with write(conn):
+        return _transition(
+            conn,
+            _rows(conn, "status = 'running'"),
+            TaskStatus.FAILED,
+            now=now,
+            fields={"error": "interrupted: the supervisor stopped while the task ran", "error_type": models.INTERRUPTED},
+        )
+
+
+def requeue_claimed(conn: sqlite3.Connection, *, now: float) -> list[Task]:
+    """Every `claimed` task → pending: it never started, so it can safely run again."""
+    with write(conn):
+        return _transition(conn, _rows(conn, "status = 'claimed'"), TaskStatus.PENDING, now=now)
+
+
+def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:
+    """Every active task whose workflow run does not exist → failed (ORPHANED)."""
+    with write(conn):
+        rows = _rows(
+            conn,
+            f"status IN ({ACTIVE_SQL}) AND NOT EXISTS (SELECT 1 FROM workflow_run WHERE workflow_run.id = task.workflow_run_id)",
+        )
+        return _transition(
+            conn,
+            rows,
+            TaskStatus.FAILED,
+            now=now,
+            fields={"error": "its workflow run does not exist", "error_type": models.ORPHANED},
+        )
+
+
+def downstream(conn: sqlite3.Connection, task_id: str) -> list[Task]:
+    """Every task that depends on `task_id`, directly or transitively, in submission order."""
+    seq = _current(conn, task_id)["seq"]
+    rows = conn.execute(
+        """
+        WITH RECURSIVE below(seq) AS (
+            SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?
+            UNION
+            SELECT d.task_seq FROM task_dependency AS d JOIN below ON d.depends_on_seq = below.seq
+        )
+        SELECT task.* FROM task JOIN below USING (seq) ORDER BY seq
+        """,
+        (seq,),
+    )
+    return [Task.from_row(row) for row in rows]
+
+
+def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many tasks are in each status (every status present, zero included)."""
+    counts = {status.value: 0 for status in TaskStatus}
+    for status, count in conn.execute("SELECT status, count(*) FROM task GROUP BY status"):
+        counts[status] = count
+    return counts

@@ -1,0 +1,257 @@
+"""Submission (SPEC §5): invalid batches are refused whole; valid ones are stored as one run."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import Any
+
+import pytest
+
+from daemon.errors import SubmissionRefused
+from daemon.models import RunStatus
+from daemon.models import TaskStatus as S
+from daemon.store import runs, tasks
+from daemon.submission import MAX_PRIORITY, MAX_RETRIES, parse_spec
+
+T0 = 2_000.0
+
+
+def submit(conn: sqlite3.Connection, lines: list[Any], *, now: float = T0, **kwargs: Any) -> tasks.Submission:
+    """Parse and submit `lines` the way a batch file is handled."""
+    return tasks.submit(conn, [parse_spec(line) for line in lines], now=now, **kwargs)
+
+
+def row_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    return {
+        table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        for table in ("task", "workflow_run", "task_dependency")
+    }
+
+
+@pytest.fixture
+def stored(conn: sqlite3.Connection) -> dict[str, str]:
+    """A database that already holds a task in each of pending, completed, failed and cancelled."""
+    ids = {}
+    for name in ("pending", "completed", "failed", "cancelled"):
+        ids[name] = submit(conn, [{"type": name.upper(), "key": "k"}]).tasks[0].id
+    tasks.transition(conn, ids["completed"], S.CLAIMED, now=T0)
+    tasks.complete(conn, ids["completed"], {}, now=T0)
+    tasks.fail(conn, ids["failed"], error="x", error_type="EXCEPTION", now=T0)
+    tasks.cancel(conn, ids["cancelled"], now=T0)
+    return ids
+
+
+VALID = {"type": "OK"}
+LATER_ID = "1d6b1d4c-2a1e-4cd0-9c4e-1f1f1f1f1f1f"
+SELF_ID = "0b9b4c36-7d55-4a0e-9a53-0f5a3e2f4b11"
+# name: (what the error must say, the batch)
+REFUSED_BATCHES: dict[str, tuple[str, list[Any]]] = {
+    # dependencies
+    "unknown dependency id": (
+        "unknown dependency 5b1f5a4e",
+        [VALID, {"type": "T", "depends_on": ["5b1f5a4e-0000-4000-8000-000000000000"]}],
+    ),
+    "unknown dependency key": (
+        "unknown dependency no-such-key",
+        [VALID, {"type": "T", "depends_on": ["no-such-key"]}],
+    ),
+    "depends_on is a string": ("depends_on must be a list", [{"type": "T", "depends_on": "abc"}]),
+    "depends_on is an object": ("depends_on must be a list", [{"type": "T", "depends_on": {"a": 1}}]),
+    "depends_on holds a number": ("depends_on must be a list", [{"type": "T", "depends_on": [1]}]),
+    "depends_on holds null": ("depends_on must be a list", [{"type": "T", "depends_on": [None]}]),
+    "depends_on holds an empty string": ("depends_on must be a list", [{"type": "T", "depends_on": [""]}]),
+    "self-dependency by key": ("depends on itself", [VALID, {"type": "T", "key": "me", "depends_on": ["me"]}]),
+    "self-dependency by id": ("depends on itself", [{"type": "T", "id": SELF_ID, "depends_on": [SELF_ID]}]),
+    "dependency on a later line": (
+        "comes later",
+        [{"type": "A", "depends_on": ["b"]}, {"type": "B", "key": "b"}],
+    ),
+    "dependency on a later line by id": (
+        "comes later",
+        [{"type": "A", "depends_on": [LATER_ID]}, {"type": "B", "id": LATER_ID}],
+    ),
+    "repeated key": ("repeats the key", [{"type": "A", "key": "a"}, {"type": "B", "key": "a"}]),
+    # payload
+    "payload is a list": ("must be a JSON object", [{"type": "T", "payload": [1, 2]}]),
+    "payload is the text of a list": ("must be a JSON object", [{"type": "T", "payload": "[1, 2]"}]),
+    "payload is invalid JSON text": ("not valid JSON", [{"type": "T", "payload": "{not json"}]),
+    "payload is a number": ("must be a JSON object", [{"type": "T", "payload": 5}]),
+    "payload is null": ("must be a JSON object", [{"type": "T", "payload": None}]),
+    "payload holds NaN": ("cannot be stored as JSON", [{"type": "T", "payload": {"x": float("nan")}}]),
+    # numbers
+    "priority is a bool": ("priority must be an integer", [{"type": "T", "priority": True}]),
+    "priority is a float": ("priority must be an integer", [{"type": "T", "priority": 1.5}]),
+    "priority is text": ("priority must be an integer", [{"type": "T", "priority": "5"}]),
+    "priority too high": ("priority must be between", [{"type": "T", "priority": MAX_PRIORITY + 1}]),
+    "priority too low": ("priority must be between", [{"type": "T", "priority": -MAX_PRIORITY - 1}]),
+    "max_retries negative": ("max_retries must be between", [{"type": "T", "max_retries": -1}]),
+    "max_retries is a bool": ("max_retries must be an integer", [{"type": "T", "max_retries": True}]),
+    "max_retries is a float": ("max_retries must be an integer", [{"type": "T", "max_retries": 2.0}]),
+    "max_retries too high": ("max_retries must be between", [{"type": "T", "max_retries": MAX_RETRIES + 1}]),
+    "timeout is zero": ("timeout must be a positive", [{"type": "T", "timeout": 0}]),
+    "timeout is a bool": ("timeout must be a number", [{"type": "T", "timeout": True}]),
+    # shape
+    "unknown field": ("unknown field", [{"type": "T", "prio": 1}]),
+    "missing type": ("type must be", [{"payload": {}}]),
+    "empty type": ("type must be", [{"type": "  "}]),
+    "line is not an object": ("must be a JSON object", [VALID, ["type", "T"]]),
+    "empty batch": ("no tasks", []),
+    "id is not a UUID": ("id must be a UUID", [{"type": "T", "id": "task-1"}]),
+}
+
+
+@pytest.mark.parametrize("says, lines", REFUSED_BATCHES.values(), ids=REFUSED_BATCHES.keys())
+def test_invalid_batch_is_refused_and_nothing_is_stored(
+    conn: sqlite3.Connection, stored: dict[str, str], says: str, lines: list[Any]
+) -> None:
+    before = row_counts(conn)
+    with pytest.raises(SubmissionRefused, match=says):
+        submit(conn, lines)
+    assert row_counts(conn) == before
+    assert not conn.in_transaction
+
+
+def test_bounds_are_accepted(conn: sqlite3.Connection) -> None:
+    lines = [
+        {"type": "T", "priority": MAX_PRIORITY, "max_retries": MAX_RETRIES},
+        {"type": "T", "priority": -MAX_PRIORITY, "max_retries": 0},
+    ]
+    high, low = (tasks.get(conn, t.id) for t in submit(conn, lines).tasks)
+    assert (high.priority, high.max_retries) == (MAX_PRIORITY, MAX_RETRIES)
+    assert (low.priority, low.max_retries) == (-MAX_PRIORITY, 0)
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_dependency_on_a_failed_or_cancelled_task_is_refused(
+    conn: sqlite3.Connection, stored: dict[str, str], status: str
+) -> None:
+    before = row_counts(conn)
+    with pytest.raises(SubmissionRefused, match=status):
+        submit(conn, [VALID, {"type": "T", "depends_on": [stored["pending"], stored[status]]}])
+    assert row_counts(conn) == before
+
+
+def test_unknown_dependency_is_named_in_the_error(conn: sqlite3.Connection) -> None:
+    missing = str(uuid.uuid4())
+    with pytest.raises(SubmissionRefused, match=missing):
+        submit(conn, [{"type": "T", "depends_on": [missing]}])
+    assert row_counts(conn) == {"task": 0, "workflow_run": 0, "task_dependency": 0}
+
+
+def test_refusal_after_earlier_lines_were_inserted_rolls_them_back(
+    conn: sqlite3.Connection, stored: dict[str, str]
+) -> None:
+    # The third line's explicit id is already taken: only the insert itself can find out, after
+    # the first two lines (and the run) were written in the same transaction.
+    before = row_counts(conn)
+    with pytest.raises(SubmissionRefused, match="already taken"):
+        submit(
+            conn,
+            [
+                {"type": "A", "key": "a"},
+                {"type": "B", "depends_on": ["a"]},
+                {"type": "C", "id": stored["pending"]},
+            ],
+        )
+    assert row_counts(conn) == before
+    assert not conn.in_transaction
+
+
+def test_valid_batch_is_one_adhoc_run(conn: sqlite3.Connection, stored: dict[str, str]) -> None:
+    explicit = str(uuid.uuid4())
+    lines = [
+        {"type": "DOWNLOAD", "key": "dl", "payload": {"url": "http://example.invalid/v"}},
+        {"type": "TRANSCODE", "id": explicit, "depends_on": ["dl"], "payload": '{"codec": "h264"}'},
+        {
+            "type": "UPLOAD",
+            "depends_on": [explicit, "dl", stored["completed"]],
+            "priority": 3,
+            "max_retries": 2,
+            "idempotency_key": "upload:1",
+            "material_id": "m-1",
+            "timeout": 5,
+        },
+    ]
+    before = row_counts(conn)
+    sub = submit(conn, lines, now=T0 + 1)
+
+    assert [t.created for t in sub.tasks] == [True, True, True]
+    download, transcode, upload = (tasks.get(conn, t.id) for t in sub.tasks)
+    assert transcode.id == explicit
+    assert row_counts(conn) == {
+        "task": before["task"] + 3,
+        "workflow_run": before["workflow_run"] + 1,
+        "task_dependency": before["task_dependency"] + 4,
+    }
+    run = runs.get(conn, sub.run_id)
+    assert run.template == "adhoc"
+    assert run.status is RunStatus.PENDING
+    assert run.total_tasks == 3 and run.done_tasks == 0
+    assert run.created_at == T0 + 1
+    assert {t.workflow_run_id for t in (download, transcode, upload)} == {sub.run_id}
+    assert {t.status for t in (download, transcode, upload)} == {S.PENDING}
+
+    assert download.payload == {"url": "http://example.invalid/v"}
+    assert transcode.payload == {"codec": "h264"}
+    assert transcode.depends_on == (download.id,)
+    assert upload.depends_on == (explicit, download.id, stored["completed"])
+    assert (upload.priority, upload.max_retries, upload.idempotency_key) == (3, 2, "upload:1")
+    assert (upload.material_id, upload.timeout) == ("m-1", 5.0)
+    assert download.created_at == T0 + 1
+
+    # Only the download is ready (the stored pending task from the fixture is ready too).
+    ready = []
+    while (claimed := tasks.claim_next(conn, T0 + 2)) is not None:
+        ready.append(claimed.id)
+    assert ready == [stored["pending"], download.id]
+
+
+def test_template_and_material_are_kept(conn: sqlite3.Connection) -> None:
+    lines = [{"type": "A"}, {"type": "B", "material_id": "own"}]
+    sub = submit(conn, lines, template="download_and_transcode", material_id="m-9")
+    run = runs.get(conn, sub.run_id)
+    assert (run.template, run.material_id) == ("download_and_transcode", "m-9")
+    first, second = (tasks.get(conn, t.id) for t in sub.tasks)
+    assert first.material_id == "m-9"
+    assert second.material_id == "own"
+
+
+def test_single_task_gets_its_own_run(conn: sqlite3.Connection) -> None:
+    first = submit(conn, [{"type": "A"}])
+    second = submit(conn, [{"type": "A"}])
+    assert first.run_id != second.run_id
+    for sub in (first, second):
+        run = runs.get(conn, sub.run_id)
+        assert run.template == "adhoc"
+        assert run.total_tasks == 1
+        assert [t.id for t in tasks.list_tasks(conn, run_id=sub.run_id)] == [sub.tasks[0].id]
+
+
+def test_dependency_on_a_stored_pending_task_waits_for_it(conn: sqlite3.Connection) -> None:
+    (upstream,) = submit(conn, [{"type": "A"}]).tasks
+    (downstream,) = submit(conn, [{"type": "B", "depends_on": [upstream.id], "priority": 9}]).tasks
+    assert tasks.claim_next(conn, T0).id == upstream.id
+    assert tasks.claim_next(conn, T0) is None
+    tasks.complete(conn, upstream.id, {}, now=T0)
+    assert tasks.claim_next(conn, T0).id == downstream.id
+
+
+def test_repeated_dependency_is_stored_once(conn: sqlite3.Connection) -> None:
+    a, b = submit(conn, [{"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a", "a"]}]).tasks
+    assert tasks.get(conn, b.id).depends_on == (a.id,)
+    assert tasks.claim_next(conn, T0).id == a.id
+    tasks.complete(conn, a.id, {}, now=T0)
+    assert tasks.claim_next(conn, T0).id == b.id
+
+
+def test_same_dependency_by_key_and_by_id_is_one_dependency(conn: sqlite3.Connection) -> None:
+    # Two references to one task are one dependency: counted twice, it would never be met.
+    explicit = str(uuid.uuid4())
+    lines = [{"type": "A", "key": "a", "id": explicit}, {"type": "B", "depends_on": ["a", explicit]}]
+    a, b = submit(conn, lines).tasks
+    assert tasks.claim_next(conn, T0).id == a.id
+    tasks.complete(conn, a.id, {}, now=T0)
+    claimed = tasks.claim_next(conn, T0)
+    assert claimed is not None and claimed.id == b.id
+    assert tasks.get(conn, b.id).depends_on == (a.id,)
