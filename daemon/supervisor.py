@@ -114,7 +114,7 @@ class Supervisor:
 
     def call(self, fn: Callable[[], T], timeout: float | None = 30.0) -> T:
         """Run `fn` on the loop thread (directly if already there, or if no loop runs)."""
-        if self._thread is None or threading.get_ident() == self._loop_ident:
+        if self._loop_ident is None or threading.get_ident() == self._loop_ident:
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._calls.put((fn, future))

@@ -1,0 +1,65 @@
+"""structlog set-up: JSON lines to the daemon's (rotated) log file, readable lines on a terminal.
+
+Every event about a task carries `task_id` and `run_id` (the supervisor binds them), so
+`fredica logs` and `jq` can follow one task or run through the daemon log.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import structlog
+
+MAX_BYTES = 10 * 1024 * 1024
+BACKUPS = 5
+
+
+def configure(log_file: Path | None, *, stream: TextIO | None = sys.stderr, level: int = logging.INFO) -> None:
+    """Route structlog (and stdlib logging) to `log_file` as JSON and to `stream` for people."""
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.handlers.RotatingFileHandler(log_file, maxBytes=MAX_BYTES, backupCount=BACKUPS)
+        to_file.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=shared,
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    structlog.processors.JSONRenderer(),
+                ],
+            )
+        )
+        root.addHandler(to_file)
+    if stream is not None:
+        to_stream = logging.StreamHandler(stream)
+        to_stream.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=shared,
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.dev.ConsoleRenderer(colors=stream.isatty()),
+                ],
+            )
+        )
+        root.addHandler(to_stream)
+    root.setLevel(level)

@@ -1,0 +1,113 @@
+"""`fredica daemon`: config, single-owner lock, recovery, control socket, then the supervisor loop.
+
+Order matters (SPEC §9): the socket is bound and listening before recovery, so clients that
+connect meanwhile queue up and wait, but it answers nothing until recovery has finished.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from daemon import config, logs
+from daemon.errors import FredicaError
+
+log = structlog.get_logger("fredica.daemon")
+
+
+class AlreadyRunning(FredicaError):
+    """Another daemon owns this database."""
+
+
+class DatabaseLock:
+    """An exclusive flock on `<database>.lock`, holding the owner's pid for the refusal message.
+
+    The kernel drops the lock when the process dies, however it dies, so a kill -9 never leaves
+    a stale lock behind.
+    """
+
+    def __init__(self, database: Path) -> None:
+        self.path = database.with_name(database.name + ".lock")
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise AlreadyRunning(
+                f"another fredica daemon (pid {owner}) already owns the database {self.path.with_suffix('')}"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def main(config_path: str | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM or SIGINT; the process exit status."""
+    try:
+        settings = config.load(config_path)
+    except FredicaError as exc:
+        print(f"fredica: {exc.message}", file=sys.stderr)
+        return 1
+    logs.configure(settings.daemon_log)
+    lock = DatabaseLock(settings.database)
+    try:
+        lock.acquire()
+    except (FredicaError, OSError) as exc:
+        print(f"fredica: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+    try:
+        return _serve(settings)
+    except FredicaError as exc:
+        log.error("daemon_failed", error=exc.message)
+        print(f"fredica: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        lock.release()
+
+
+def _serve(settings: config.Settings) -> int:
+    # Imported here: `fredica status` and friends import this module's package but never need these.
+    from daemon import control, recovery
+    from daemon.supervisor import Supervisor
+
+    server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args))
+    server.bind()
+    try:
+        supervisor = Supervisor(settings)
+        handlers = control.Handlers(supervisor)
+        recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
+
+        def on_signal(signum: int, _frame: object) -> None:
+            # Only set flags (the loop does the work); a second signal does not shorten the grace.
+            supervisor.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        server.serve()
+        log.info("daemon_ready", pid=os.getpid(), socket=str(settings.socket), database=str(settings.database),
+                 max_workers=settings.max_workers)
+        supervisor.run()
+    finally:
+        server.close()
+    log.info("daemon_stopped")
+    return 0
