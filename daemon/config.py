@@ -104,8 +104,8 @@ SECTIONS = {"daemon", "retry", "executors", "templates"}
 def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
     kind, extra = spec
     if isinstance(value, bool) or not isinstance(value, kind):
-        names = " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ConfigError(f"[{section}] {key} must be a {names}, not {value!r}")
+        noun = {int: "an integer", str: "a string"}.get(kind, "a number")  # type: ignore[call-overload]
+        raise ConfigError(f"[{section}] {key} must be {noun}, not {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"[{section}] {key} must be a finite number")
     if extra is not None and not extra[0](value):

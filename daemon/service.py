@@ -78,7 +78,6 @@ def main(config_path: str | None = None) -> int:
     try:
         return _serve(settings)
     except FredicaError as exc:
-        log.error("daemon_failed", error=exc.message)
         print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
     finally:

@@ -1,0 +1,78 @@
+"""Settings: the documented example equals the built-in defaults; bad files give one clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon import config
+from daemon.config import ConfigError, Settings
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {"HOME": "/home/someone"}
+
+
+def test_the_example_config_is_exactly_the_defaults() -> None:
+    loaded = config.load(REPO / "config.example.toml", env=ENV)
+    defaults = Settings.defaults(ENV)
+    assert {k: v for k, v in vars(loaded).items() if k != "source"} == {
+        k: v for k, v in vars(defaults).items() if k != "source"
+    }
+
+
+def test_the_example_documents_every_key() -> None:
+    text = (REPO / "config.example.toml").read_text()
+    for key in [*config.DAEMON_KEYS, *config.RETRY_KEYS]:
+        assert f"{key} =" in text, key
+
+
+def test_default_paths_follow_xdg_and_systemd() -> None:
+    xdg = Settings.defaults({"HOME": "/h", "XDG_STATE_HOME": "/s", "XDG_RUNTIME_DIR": "/r"})
+    assert xdg.database == Path("/s/fredica/fredica.db")
+    assert xdg.socket == Path("/r/fredica/control.sock")
+    assert xdg.log_dir == Path("/s/fredica/logs")
+    systemd = Settings.defaults({"STATE_DIRECTORY": "/var/lib/fredica", "RUNTIME_DIRECTORY": "/run/fredica"})
+    assert systemd.database == Path("/var/lib/fredica/fredica.db")
+    assert systemd.socket == Path("/run/fredica/control.sock")
+    bare = Settings.defaults({"HOME": "/h"})
+    assert bare.database == Path("/h/.local/state/fredica/fredica.db")
+
+
+def test_lookup_order(tmp_path: Path) -> None:
+    explicit, from_env = tmp_path / "a.toml", tmp_path / "b.toml"
+    assert config.config_path(explicit, {"FREDICA_CONFIG": str(from_env)}) == explicit
+    assert config.config_path(None, {"FREDICA_CONFIG": str(from_env)}) == from_env
+    home = tmp_path / "home"
+    user_config = home / ".config" / "fredica" / "config.toml"
+    user_config.parent.mkdir(parents=True)
+    user_config.write_text("")
+    assert config.config_path(None, {"HOME": str(home)}) == user_config
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[daemon]\nmax_wokers = 3\n", "unknown key 'max_wokers'"),
+        ("[daemon]\nmax_workers = true\n", "max_workers must be an integer"),
+        ("[daemon]\ncancel_grace = -1\n", "cancel_grace must be 0 or more"),
+        ("[daemon]\nstart_method = 'fork'\n", 'start_method must be "forkserver" or "spawn"'),
+        ("[daemon]\nsynchronous = 'off'\n", 'synchronous must be "normal" or "full"'),
+        ("[retry]\nbackoff_base = nan\n", "backoff_base must be a finite number"),
+        ("daemon = 3\n", "[daemon] must be a table"),
+        ("[nope]\n", "unknown section(s): nope"),
+        ("x = [\n", "is not valid TOML"),
+    ],
+)
+def test_bad_files_are_refused_with_a_clear_message(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        config.load(path, env=ENV)
+    assert message in caught.value.message and str(path) in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        config.load(tmp_path / "absent.toml", env=ENV)
