@@ -1,0 +1,501 @@
+"""The `fredica` command line: parse the arguments, call the daemon, render the reply.
+
+Exit status: 0 success, 1 the daemon refused or the request failed (one `error:` line on stderr),
+2 usage error, 3 the daemon is not reachable. Start-up time matters (`fredica status` is a round
+trip that people and scripts run often), so heavy modules are imported inside the commands that
+need them, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import click
+
+from daemon import client, config, render
+from daemon.errors import FredicaError
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+FOLLOW_POLL = 0.2  # how often `logs -f` looks for new lines
+FOLLOW_RECHECK = 1.0  # how often `logs -f ID` asks whether the task is still active
+WATCH_INTERVAL = 0.5  # how often `watch` refreshes
+ACTIVE_STATUSES = ["pending", "claimed", "running"]
+_CONFIG = "fredica.config"
+_CLIENT = "fredica.client"
+
+
+def _sleep(seconds: float) -> None:
+    # One seam for the polling loops, so tests can step them without waiting.
+    time.sleep(seconds)
+
+
+class FredicaGroup(click.Group):
+    """Turns the errors every command may meet into one line on stderr and the exit status."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except client.DaemonUnreachable as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            ctx.exit(EXIT_UNREACHABLE)
+        except FredicaError as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            ctx.exit(EXIT_REFUSED)
+
+
+def _remember_config(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # ctx.meta is shared by the whole context chain: a subcommand's --config overrides the group's.
+    if value is not None:
+        ctx.meta[_CONFIG] = value
+    return value
+
+
+def config_option(envvar: str | None = None) -> Callable[[Any], Any]:
+    """`--config FILE`, accepted by the group and by every command."""
+    return click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        envvar=envvar,
+        expose_value=False,
+        callback=_remember_config,
+        help="Config file that names the daemon's socket (default: $FREDICA_CONFIG, "
+        "~/.config/fredica/config.toml, /etc/fredica/config.toml).",
+    )
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def command(group: click.Group, name: str | None = None, **kwargs: Any) -> Callable[[Any], click.Command]:
+    """A subcommand of `group` that also takes --config."""
+
+    def decorate(function: Callable[..., Any]) -> click.Command:
+        return group.command(name, **kwargs)(config_option()(function))
+
+    return decorate
+
+
+def _config_path() -> str | None:
+    return click.get_current_context().meta.get(_CONFIG)
+
+
+def call(op: str, **args: Any) -> Any:
+    """One request to the daemon named by the config; errors become the exit status (see above)."""
+    meta = click.get_current_context().meta
+    if _CLIENT not in meta:
+        meta[_CLIENT] = client.Client(config.load(_config_path()).socket)
+    return meta[_CLIENT].call(op, **args)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def echo_lines(lines: Sequence[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+@click.group(cls=FredicaGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@config_option(envvar="FREDICA_CONFIG")
+@click.version_option(package_name="fredica-worker", prog_name="fredica")
+def main() -> None:
+    """Drive the fredica-worker daemon: submit tasks, watch them, control them.
+
+    Exit status: 0 success, 1 refused or failed, 2 usage error, 3 daemon not reachable.
+    """
+
+
+@command(main, "daemon")
+def run_daemon() -> None:
+    """Run the supervisor in the foreground.
+
+    For systemd (Type=notify) or by hand; stop it with SIGTERM or Ctrl-C.
+    """
+    from daemon import service
+
+    raise SystemExit(service.main(_config_path()))
+
+
+# submit's options for the fields of one task spec, by spec field.
+_SPEC_FLAGS = {
+    "payload": "--payload",
+    "priority": "--priority",
+    "depends_on": "--depends-on",
+    "max_retries": "--max-retries",
+    "idempotency_key": "--idempotency-key",
+    "material_id": "--material",
+    "timeout": "--timeout",
+}
+
+
+def _spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"type": task_type}
+    if options["payload"] is not None:
+        try:
+            spec["payload"] = json.loads(options["payload"])
+        except ValueError as exc:
+            raise FredicaError(f"--payload is not valid JSON: {exc}") from None
+        if not isinstance(spec["payload"], dict):
+            raise FredicaError("--payload must be a JSON object, like '{\"url\": \"...\"}'")
+    for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout"):
+        if options[field] is not None:
+            spec[field] = options[field]
+    if options["depends_on"]:
+        spec["depends_on"] = list(options["depends_on"])
+    return spec
+
+
+def _read_batch(stream: Any) -> list[dict[str, Any]]:
+    """The task specs of a JSON-lines batch; refuses the whole batch, naming the line, if one is bad."""
+    from daemon import submission
+
+    specs = []
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            spec = json.loads(line)
+        except ValueError as exc:
+            raise FredicaError(f"batch line {number} is not valid JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise FredicaError(f"batch line {number} is not a JSON object")
+        try:
+            submission.parse_spec(spec)
+        except FredicaError as exc:
+            raise FredicaError(f"batch line {number}: {exc.message}") from None
+        specs.append(spec)
+    if not specs:
+        raise FredicaError("the batch has no tasks")
+    return specs
+
+
+@command(main)
+@click.argument("task_type", metavar="[TYPE]", required=False)
+@click.option("--payload", metavar="JSON", help="The task's payload, a JSON object.")
+@click.option("--priority", type=int, metavar="N", help="Higher runs first (default 0).")
+@click.option("--depends-on", multiple=True, metavar="ID", help="A task to complete first (repeatable).")
+@click.option("--max-retries", type=click.IntRange(min=0), metavar="N", help="Retries after a failure (0).")
+@click.option("--idempotency-key", metavar="K", help="Not submitted again while one with K is active.")
+@click.option("--material", "material_id", metavar="ID", help="The material the task works on.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Seconds before it is stopped.",
+)
+@click.option(
+    "--batch",
+    type=click.File("r", encoding="utf-8"),
+    metavar="FILE",
+    help="Submit the tasks of a JSON-lines file ('-' for stdin) as one run.",
+)
+def submit(task_type: str | None, batch: Any, **options: Any) -> None:
+    """Submit one task (or a --batch); print the task ids.
+
+    A batch is a JSON-lines file, one task object per line with `type` and the optional fields
+    (payload, priority, depends_on, max_retries, idempotency_key, material_id, timeout, key, id);
+    depends_on may name the id or key of an earlier line. The batch is one run, stored atomically.
+    """
+    if (task_type is None) == (batch is None):
+        raise click.UsageError("give a task TYPE or --batch FILE (one of them)")
+    if batch is not None:
+        given = [flag for name, flag in _SPEC_FLAGS.items() if options[name] not in (None, ())]
+        if given:
+            flags = ", ".join(given)
+            raise click.UsageError(f"{flags} cannot be combined with --batch (put the fields in the file)")
+        specs = _read_batch(batch)
+    else:
+        from daemon import submission
+
+        specs = [_spec_from_options(task_type, options)]
+        submission.parse_spec(specs[0])
+    reply = call("submit", tasks=specs)
+    for task in reply.get("tasks", []):
+        click.echo(task["id"])
+        if not task.get("created", True):
+            message = f"task {task['id']} already active with idempotency key (not submitted again)"
+            click.echo(message, err=True)
+
+
+def _parse_settings(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
+    params = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE")
+        params[key.strip()] = value
+    return params
+
+
+@command(main, "run")
+@click.argument("template")
+@click.option("--material", "material_id", metavar="ID", help="The material the run works on.")
+@click.option(
+    "--set",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_parse_settings,
+    help="A template parameter (repeatable).",
+)
+def run_template(template: str, material_id: str | None, params: dict[str, str]) -> None:
+    """Start a workflow run from a template; print the run id.
+
+    TEMPLATE names a [templates.NAME] table of the daemon's config.
+    """
+    reply = call("run", template=template, material_id=material_id, params=params)
+    click.echo(reply["run_id"])
+
+
+@command(main, "ls")
+@click.option(
+    "--status",
+    type=click.Choice(render.TASK_STATUSES),
+    multiple=True,
+    help="Only tasks in this status (repeatable).",
+)
+@click.option("--run", "run_id", metavar="ID", help="Only the tasks of this workflow run.")
+@click.option("--type", "task_type", metavar="T", help="Only tasks of this type.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N tasks.")
+@json_option
+def list_tasks(
+    status: Sequence[str], run_id: str | None, task_type: str | None, limit: int | None, as_json: bool
+) -> None:
+    """List tasks."""
+    args: dict[str, Any] = {}
+    if status:
+        args["status"] = status[0] if len(status) == 1 else list(status)
+    for key, value in (("run", run_id), ("type", task_type), ("limit", limit)):
+        if value is not None:
+            args[key] = value
+    tasks = call("ls", **args)
+    if as_json:
+        echo_json(tasks)
+    elif tasks:
+        echo_lines(render.task_table(tasks, time.time()))
+    else:
+        click.echo("no tasks")
+
+
+@command(main, "runs")
+@click.option("--status", type=click.Choice(render.RUN_STATUSES), help="Only runs in this status.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N runs.")
+@json_option
+def list_runs(status: str | None, limit: int | None, as_json: bool) -> None:
+    """List workflow runs."""
+    args: dict[str, Any] = {}
+    if status is not None:
+        args["status"] = status
+    if limit is not None:
+        args["limit"] = limit
+    runs = call("runs", **args)
+    if as_json:
+        echo_json(runs)
+    elif runs:
+        echo_lines(render.run_table(runs, time.time()))
+    else:
+        click.echo("no runs")
+
+
+@command(main)
+@click.argument("target_id", metavar="ID")
+@json_option
+def show(target_id: str, as_json: bool) -> None:
+    """Show one task or workflow run in full."""
+    reply = call("show", id=target_id)
+    obj = reply["object"]
+    if as_json:
+        echo_json(obj)
+        return
+    echo_lines(render.details(obj))
+    if reply.get("kind") == "run":
+        click.echo("")
+        tasks = obj.get("tasks") or []
+        echo_lines(render.task_table(tasks, time.time()) if tasks else ["no tasks"])
+
+
+@command(main)
+@click.argument("target_id", metavar="ID")
+def cancel(target_id: str) -> None:
+    """Cancel a task, or every unfinished task of a workflow run."""
+    click.echo(render.cancel_summary(call("cancel", id=target_id)))
+
+
+@command(main)
+@click.argument("task_id", metavar="ID")
+def pause(task_id: str) -> None:
+    """Pause a running, pausable task."""
+    call("pause", id=task_id)
+    click.echo(f"paused {task_id}")
+
+
+@command(main)
+@click.argument("task_id", metavar="ID")
+def resume(task_id: str) -> None:
+    """Resume a paused task."""
+    call("resume", id=task_id)
+    click.echo(f"resumed {task_id}")
+
+
+@command(main)
+@click.argument("task_id", metavar="[ID]", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (for a task: until it ends).")
+@click.option(
+    "-n", "--lines", "count", type=click.IntRange(min=0), default=50, show_default=True, help="Lines to show."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon log's JSON lines as they are.")
+def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
+    """Show a task's log, or the daemon's log without an ID."""
+    args = {"id": task_id} if task_id else {}
+    where = call("log_path", **args)
+    readable = bool(where.get("json_lines")) and not as_json
+
+    def emit(line: str) -> None:
+        click.echo(render.log_line(line) if readable else line)
+
+    log = client.LogFile(Path(where["path"]))
+    try:
+        lines = log.last(count, keep_partial=follow)
+        if lines is None and not follow:
+            click.echo(f"no log yet at {where['path']}", err=True)
+        for line in lines or ():
+            emit(line)
+        if not follow or (task_id and not where.get("active")):
+            return
+        still_active = (lambda: bool(call("log_path", **args).get("active"))) if task_id else None
+        log.follow(emit, still_active, poll=FOLLOW_POLL, recheck=FOLLOW_RECHECK, sleep=_sleep)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how one stops following the daemon log
+    finally:
+        log.close()
+
+
+class WatchScreen:
+    """Where `watch` draws: redrawn in place on a terminal, one line per change otherwise."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.live_lines = 0
+        self.shown: dict[str, tuple[str, int]] = {}
+
+    def update(self, finished: Sequence[dict[str, Any]], active: Sequence[dict[str, Any]]) -> None:
+        """Print the tasks that just finished (once, for good) and the active ones."""
+        if not self.tty:
+            for task in [*finished, *active]:
+                state = (render.display_status(task), int(task.get("progress") or 0))
+                if self.shown.get(task["id"]) != state:
+                    self.shown[task["id"]] = state
+                    click.echo(render.progress_line(task))
+            return
+        width = shutil.get_terminal_size().columns
+        # Move to the first live line and clear to the end of the screen, then draw again;
+        # lines are cut to the width so that none wraps and the count stays true.
+        out = [f"\x1b[{self.live_lines}A\r\x1b[J"] if self.live_lines else []
+        out += [render.progress_line(task)[: width - 1] + "\n" for task in [*finished, *active]]
+        self.live_lines = len(active)
+        click.echo("".join(out), nl=False, color=True)  # color=True: keep the escapes
+
+
+def _watch_snapshot(target: str | None, known: dict[str, dict[str, Any]]) -> bool:
+    """Refresh `known` (task id → latest task dict); True when nothing watched is active."""
+    if target is not None:
+        reply = call("show", id=target)
+        obj = reply["object"]
+        tasks = (obj.get("tasks") or []) if reply.get("kind") == "run" else [obj]
+        known.update((task["id"], task) for task in tasks)
+        return all(task.get("status") in render.TERMINAL for task in tasks)
+    active = call("ls", status=ACTIVE_STATUSES)
+    ids = {task["id"] for task in active}
+    for task_id, task in list(known.items()):
+        if task_id not in ids and task.get("status") in render.ACTIVE:
+            # It left the active list: ask how it ended.
+            try:
+                known[task_id] = call("show", id=task_id)["object"]
+            except FredicaError:
+                known[task_id] = dict(task, status="unknown")
+    known.update((task["id"], task) for task in active)
+    return not active
+
+
+@command(main)
+@click.argument("target", metavar="[ID]", required=False)
+def watch(target: str | None) -> None:
+    """Live progress bars of tasks until they end.
+
+    Without ID: every waiting and running task. With ID: that task, or that run's tasks.
+    """
+    screen = WatchScreen(tty=sys.stdout.isatty() and os.environ.get("TERM") != "dumb")
+    known: dict[str, dict[str, Any]] = {}
+    printed: set[str] = set()
+    try:
+        while True:
+            done = _watch_snapshot(target, known)
+            tasks = sorted(known.values(), key=lambda task: task.get("seq") or 0)
+            active = [task for task in tasks if task.get("status") in render.ACTIVE]
+            finished = [t for t in tasks if t.get("status") not in render.ACTIVE and t["id"] not in printed]
+            printed.update(task["id"] for task in finished)
+            screen.update(finished, active)
+            if done:
+                break
+            _sleep(WATCH_INTERVAL)
+    except KeyboardInterrupt:
+        click.echo("")
+        return
+    click.echo(render.outcome_summary(known.values()))
+
+
+@main.group("restarts", cls=FredicaGroup, invoke_without_command=True)
+@config_option()
+@click.option("--all", "show_all", is_flag=True, help="Also the entries dismissed, recreated or superseded.")
+@json_option
+@click.pass_context
+def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
+    """The restart log: tasks a daemon restart interrupted.
+
+    Lists the entries awaiting review (all of them with --all); `dismiss` and `recreate` act on one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    entries = call("restarts", all=True) if show_all else call("restarts")
+    if as_json:
+        echo_json(entries)
+    elif entries:
+        echo_lines(render.restart_table(entries, time.time()))
+    else:
+        click.echo("no interrupted tasks to review" if not show_all else "the restart log is empty")
+
+
+@command(restarts, "dismiss")
+@click.argument("entry_id", metavar="ID", type=int)
+def restarts_dismiss(entry_id: int) -> None:
+    """Mark an entry as reviewed, without running it again."""
+    call("restarts_dismiss", id=entry_id)
+    click.echo(f"dismissed {entry_id}")
+
+
+@command(restarts, "recreate")
+@click.argument("entry_id", metavar="ID", type=int)
+def restarts_recreate(entry_id: int) -> None:
+    """Run an interrupted task again; print the new run id."""
+    reply = call("restarts_recreate", id=entry_id)
+    click.echo(reply["run_id"])
+
+
+@command(main)
+@json_option
+def status(as_json: bool) -> None:
+    """Daemon health: pid, uptime, workers, tasks by status."""
+    data = call("status")
+    if as_json:
+        echo_json(data)
+    else:
+        echo_lines(render.status_lines(data))

@@ -1,0 +1,278 @@
+"""How the CLI shows things to people: tables, key/value listings, progress bars, log lines.
+
+Pure functions from the daemon's reply data (plain dicts) to lines of text; the CLI prints them.
+`now` is passed in where ages are shown, so output is reproducible in tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+TASK_STATUSES = ("pending", "claimed", "running", "completed", "failed", "cancelled")
+RUN_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+ACTIVE = frozenset({"pending", "claimed", "running"})
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+BAR_WIDTH = 20
+SHORT_ID = 8
+
+
+def display_status(task: Mapping[str, Any]) -> str:
+    """The status as people see it (SPEC §3): pending and claimed are waiting, paused is shown."""
+    status = str(task.get("status", "?"))
+    if status in ("pending", "claimed"):
+        return "waiting"
+    if status == "running" and task.get("is_paused"):
+        return "paused"
+    return status
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: Sequence[str] = ()) -> list[str]:
+    """Aligned columns with a header line; columns named in `right` are right-aligned."""
+    rows = [list(row) for row in rows]
+    widths = [max([len(header)] + [len(row[i]) for row in rows]) for i, header in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = (
+            cell.rjust(width) if header in right else cell.ljust(width)
+            for cell, width, header in zip(cells, widths, headers)
+        )
+        return "  ".join(padded).rstrip()
+
+    return [line(headers)] + [line(row) for row in rows]
+
+
+def age(timestamp: float | None, now: float) -> str:
+    """How long ago, in the largest sensible unit: 42s, 5m, 3h, 2d."""
+    if timestamp is None:
+        return "-"
+    seconds = max(0, int(now - timestamp))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def duration(seconds: float) -> str:
+    """An uptime: 42s, 5m 03s, 1h 02m, 3d 04h."""
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def when(timestamp: float | None) -> str:
+    """A Unix time as local ISO 8601 to the second; "-" for none."""
+    if not timestamp:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+
+
+def percent(progress: Any) -> str:
+    return f"{_clamp(progress):3d}%"
+
+
+def _clamp(progress: Any) -> int:
+    try:
+        return max(0, min(100, int(progress or 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def task_table(tasks: Sequence[Mapping[str, Any]], now: float) -> list[str]:
+    """`fredica ls`: one row per task, full ids (people and scripts copy them)."""
+    headers = ["ID", "TYPE", "STATUS", "PROGRESS", "PRI", "RETRIES", "AGE"]
+    with_errors = any(task.get("error_type") for task in tasks)
+    if with_errors:
+        headers.append("ERROR TYPE")
+    rows = []
+    for task in tasks:
+        row = [
+            str(task.get("id")),
+            str(task.get("type")),
+            display_status(task),
+            percent(task.get("progress")),
+            str(task.get("priority", 0)),
+            f"{task.get('retry_count', 0)}/{task.get('max_retries', 0)}",
+            age(task.get("created_at"), now),
+        ]
+        if with_errors:
+            row.append(task.get("error_type") or "")
+        rows.append(row)
+    return table(headers, rows, right=("PROGRESS", "PRI", "RETRIES", "AGE"))
+
+
+def run_table(runs: Sequence[Mapping[str, Any]], now: float) -> list[str]:
+    """`fredica runs`: one row per workflow run."""
+    rows = [
+        [
+            str(run.get("id")),
+            str(run.get("template")),
+            str(run.get("status")),
+            f"{run.get('done_tasks', 0)}/{run.get('total_tasks', 0)}",
+            run.get("material_id") or "-",
+            age(run.get("created_at"), now),
+        ]
+        for run in runs
+    ]
+    return table(["ID", "TEMPLATE", "STATUS", "DONE", "MATERIAL", "AGE"], rows, right=("DONE", "AGE"))
+
+
+def restart_table(entries: Sequence[Mapping[str, Any]], now: float) -> list[str]:
+    """`fredica restarts`: the tasks that a restart interrupted and what became of them."""
+    rows = [
+        [
+            str(entry.get("id")),
+            str(entry.get("task_id")),
+            str(entry.get("task_type")),
+            str(entry.get("status_at_restart")),
+            percent(entry.get("progress")),
+            str(entry.get("disposition")),
+            entry.get("new_workflow_run_id") or "-",
+            age(entry.get("created_at"), now),
+        ]
+        for entry in entries
+    ]
+    headers = ["ID", "TASK", "TYPE", "WAS", "PROGRESS", "DISPOSITION", "NEW RUN", "AGE"]
+    return table(headers, rows, right=("ID", "PROGRESS", "AGE"))
+
+
+def _value(key: str, value: Any) -> str:
+    if key.endswith("_at") or key == "not_before":
+        return when(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    if value is None or value == [] or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "depends_on" and isinstance(value, list):
+        return ", ".join(str(item) for item in value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def details(obj: Mapping[str, Any], skip: Sequence[str] = ("tasks",)) -> list[str]:
+    """`fredica show`: every field as `key: value`, aligned; times as local ISO 8601."""
+    keys = [key for key in obj if key not in skip]
+    width = max((len(key) for key in keys), default=0) + 1
+    lines = []
+    for key in keys:
+        text = _value(key, obj[key])
+        if key == "status" and "is_paused" in obj and display_status(obj) != obj["status"]:
+            text = f"{display_status(obj)} ({obj['status']})"
+        lines.append(f"{key + ':':<{width}} {text}")
+    return lines
+
+
+def status_lines(status: Mapping[str, Any]) -> list[str]:
+    """`fredica status`: daemon health, one aligned line per fact."""
+    counts = status.get("counts") or {}
+    order = [name for name in TASK_STATUSES] + sorted(set(counts) - set(TASK_STATUSES))
+    facts = [
+        ("pid", str(status.get("pid", "?"))),
+        ("uptime", duration(float(status.get("uptime") or 0))),
+        ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
+        ("tasks", ", ".join(f"{counts.get(name, 0)} {name}" for name in order)),
+    ]
+    if status.get("recovering"):
+        facts.append(("state", "recovering (not claiming yet)"))
+    for key in ("version", "database", "socket", "log_dir"):
+        if status.get(key) is not None:
+            facts.append((key.replace("_", " "), str(status[key])))
+    width = max(len(label) for label, _ in facts)
+    return [f"{label:<{width}}  {text}" for label, text in facts]
+
+
+def cancel_summary(reply: Mapping[str, Any]) -> str:
+    """One line for a `cancel` reply: what was cancelled now and what is still stopping."""
+    cancelled = list(reply.get("cancelled") or [])
+    stopping = list(reply.get("stopping") or [])
+    if not cancelled and not stopping:
+        return "nothing to cancel: no task was waiting or running"
+    if len(cancelled) + len(stopping) == 1:
+        if cancelled:
+            return f"cancelled {cancelled[0]}"
+        return f"stopping {stopping[0]} (cancel sent to the running task)"
+    parts = []
+    if cancelled:
+        parts.append(f"cancelled {len(cancelled)} task{'s' * (len(cancelled) != 1)}")
+    if stopping:
+        parts.append(f"stopping {len(stopping)} running task{'s' * (len(stopping) != 1)}")
+    return ", ".join(parts)
+
+
+def progress_line(task: Mapping[str, Any]) -> str:
+    """`[#########-----------]  45%  TYPE 1a2b3c4d running status text`"""
+    progress = _clamp(task.get("progress"))
+    filled = round(BAR_WIDTH * progress / 100)
+    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+    words = [str(task.get("type")), str(task.get("id", ""))[:SHORT_ID], display_status(task)]
+    if task.get("status") in TERMINAL:
+        words.append(str(task.get("error_type") or ""))  # the last status text is stale by now
+    elif task.get("status_text"):
+        words.append(str(task["status_text"]))
+    return (f"[{bar}] {progress:3d}%  " + " ".join(words)).rstrip()
+
+
+def outcome_summary(tasks: Iterable[Mapping[str, Any]]) -> str:
+    """`watched 3 tasks: 2 completed, 1 failed`"""
+    counts: dict[str, int] = {}
+    for task in tasks:
+        name = display_status(task)
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "nothing to watch"
+    order = ("completed", "failed", "cancelled", "running", "paused", "waiting")
+    names = sorted(counts, key=lambda name: order.index(name) if name in order else len(order))
+    total = sum(counts.values())
+    return f"watched {total} task{'s' * (total != 1)}: " + ", ".join(f"{counts[n]} {n}" for n in names)
+
+
+def _log_value(value: Any) -> str:
+    if isinstance(value, str):
+        if value and not any(ch.isspace() or ch in '"=' for ch in value):
+            return value
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _log_time(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return datetime.datetime.fromtimestamp(value).astimezone().isoformat(timespec="milliseconds")
+    return str(value)
+
+
+def log_line(raw: str) -> str:
+    """A daemon log line (structlog JSON) as `<time> <level> <event> key=value ...`.
+
+    Lines that are not JSON objects (a crash's traceback, say) are shown as they are; an
+    `exception` field is shown below its line, indented.
+    """
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(record, dict):
+        return raw
+    record = dict(record)
+    head = [
+        _log_time(record.pop("timestamp", "")),
+        f"{str(record.pop('level', '')):<7}",
+        str(record.pop("event", "")),
+    ]
+    exception = record.pop("exception", None)
+    fields = [f"{key}={_log_value(value)}" for key, value in record.items()]
+    line = " ".join([part for part in head if part.strip()] + fields)
+    if exception:
+        if not isinstance(exception, str):  # structlog's dict_tracebacks
+            exception = json.dumps(exception, ensure_ascii=False, indent=2)
+        line += "\n" + "\n".join("    " + part for part in exception.rstrip("\n").splitlines())
+    return line

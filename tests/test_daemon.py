@@ -1,0 +1,326 @@
+"""The real daemon as a subprocess: recovery after kill -9, single owner, the socket's defences."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from daemon import children, protocol, recovery
+from daemon.store import db, tasks
+from daemon.submission import parse_spec
+from tests.conftest import wait_for
+from tests.daemon_harness import Daemon
+
+
+@pytest.fixture
+def daemons(tmp_path: Path):
+    started: list[Daemon] = []
+
+    def make(name: str = "d", **options) -> Daemon:
+        daemon = Daemon(tmp_path / name, **options)
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> None:
+    d = daemons().start()
+    ready = [tmp_path / "ready1", tmp_path / "ready2"]
+    pid_file = tmp_path / "grandchild.pid"
+    hang = d.submit("HANG", payload={"ready_file": str(ready[0])})
+    grand = d.data("submit", tasks=[
+        {"type": "GRANDCHILD", "key": "g", "payload": {"pid_file": str(pid_file)}},
+        {"type": "ECHO", "depends_on": ["g"]},
+    ])["tasks"]
+    grand_id, dependent_id = grand[0]["id"], grand[1]["id"]
+    waiting = d.submit("ECHO", payload={"queued": True})  # both worker slots are busy: it waits
+    wait_for(lambda: ready[0].exists() and pid_file.exists())
+    executor_pids = [d.task(hang)["executor_pid"], d.task(grand_id)["executor_pid"]]
+    grandchild_pid = int(pid_file.read_text())
+
+    d.kill9()
+    # The executors outlive the supervisor.
+    assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])
+
+    d.start()
+    for pid in [*executor_pids, grandchild_pid]:
+        wait_for(lambda: gone(pid))
+    for task_id in (hang, grand_id):
+        task = d.task(task_id)
+        assert task["status"] == "failed" and task["error_type"] == "INTERRUPTED"
+    dependent = d.task(dependent_id)
+    assert dependent["status"] == "cancelled" and dependent["error_type"] == "DEPENDENCY_FAILED"
+    # The task that was waiting is untouched by recovery and runs now.
+    assert d.wait_task(waiting, "completed")["retry_count"] == 0
+    entries = d.data("restarts")
+    assert sorted(e["task_id"] for e in entries) == sorted([hang, grand_id])
+    assert {e["status_at_restart"] for e in entries} == {"running"}
+    assert len({e["session_id"] for e in entries}) == 1
+    assert {e["disposition"] for e in entries} == {"pending_review"}
+    run = d.data("show", id=d.task(hang)["workflow_run_id"])["object"]
+    assert run["status"] == "failed" and run["completed_at"] is not None
+    # New work runs.
+    assert d.wait_task(d.submit("ECHO"), "completed")
+
+    # Recreate brings back the interrupted task and the dependent its failure cancelled.
+    entry = next(e for e in entries if e["task_id"] == grand_id)
+    pid_file.unlink()
+    recreated = d.data("restarts_recreate", id=entry["id"])
+    new_run = d.data("show", id=recreated["run_id"])["object"]
+    assert [t["type"] for t in new_run["tasks"]] == ["GRANDCHILD", "ECHO"]
+    assert new_run["tasks"][1]["depends_on"] == [new_run["tasks"][0]["id"]]
+    listed = {e["id"]: e for e in d.data("restarts", all=True)}
+    assert listed[entry["id"]]["disposition"] == "recreated"
+    assert listed[entry["id"]]["new_workflow_run_id"] == recreated["run_id"]
+    wait_for(pid_file.exists)
+    d.data("cancel", id=recreated["run_id"])
+    assert d.wait_task(new_run["tasks"][0]["id"], "cancelled")
+    other = next(e for e in entries if e["task_id"] == hang)
+    assert d.data("restarts_dismiss", id=other["id"])["disposition"] == "dismissed"
+    assert d.request("restarts_dismiss", id=other["id"])["ok"] is False  # already resolved
+    assert d.data("restarts") == []
+
+    # A second restart supersedes nothing already resolved, and logs nothing new: no task ran.
+    assert d.stop() == 0
+    d.start()
+    assert d.data("restarts") == []
+
+
+def test_a_reused_pid_is_never_touched(db_path: Path) -> None:
+    conn = db.open_database(db_path)
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        task_id = tasks.submit(conn, [parse_spec({"type": "X"})], now=1.0).tasks[0].id
+        tasks.claim_next(conn, 1.0)
+        real_start = psutil.Process(bystander.pid).create_time()
+        # Recorded as the executor's pid, but with another start time: the pid was reused.
+        tasks.start(conn, task_id, now=1.0, executor_pid=bystander.pid, executor_started_at=real_start - 100)
+        assert children.find_leftover(bystander.pid, real_start - 100) is None
+        report = recovery.recover(conn, now=2.0, kill_grace=0.1)
+        assert report.leftover_processes == 0 and report.interrupted == 1
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        conn.close()
+
+
+def test_orphans_fail_at_startup(db_path: Path) -> None:
+    conn = db.open_database(db_path)
+    conn.execute("PRAGMA foreign_keys = OFF")  # how an orphan comes to exist: a tool without FKs
+    conn.execute(
+        "INSERT INTO task (id, type, workflow_run_id, status, created_at) VALUES ('o', 'X', 'gone', 'pending', 0)"
+    )
+    conn.execute("PRAGMA foreign_keys = ON")
+    report = recovery.recover(conn, now=5.0)
+    assert report.orphaned == 1
+    task = tasks.get(conn, "o")
+    assert task.status.value == "failed" and task.error_type == "ORPHANED"
+    conn.close()
+
+
+def test_a_second_daemon_on_the_same_database_refuses(daemons) -> None:
+    first = daemons().start()
+    second = Daemon(first.root)  # the same config, so the same database
+    second.start(wait=False)
+    assert second.process.wait(20) == 1
+    out = second.output.read_text()
+    assert f"pid {first.process.pid}" in out and "already owns the database" in out
+    assert first.data("status")["pid"] == first.process.pid
+
+
+def test_socket_and_directory_modes(daemons) -> None:
+    d = daemons().start()
+    assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
+    assert stat.S_IMODE(d.socket.parent.stat().st_mode) == 0o700
+
+
+def status_as_nobody(path: Path) -> str:
+    """Ask the daemon for its status from a forked child running as user nobody."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, try, report through the pipe, leave at once
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                try:
+                    sock.connect(str(path))
+                except PermissionError:
+                    outcome = "EACCES"
+                else:
+                    protocol.write_frame(sock, protocol.request("status"), protocol.MAX_REQUEST)
+                    reply = protocol.read_frame(sock, protocol.MAX_REPLY)
+                    outcome = "ok" if reply["ok"] else reply["error"]["kind"]
+        except BaseException as exc:
+            outcome = f"error {exc!r}"
+        os.write(write_end, outcome.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_a_client_running_as_another_user_is_refused(daemons) -> None:
+    # Under a world-traversable directory, so that only the daemon's own modes keep nobody out.
+    public = Path(tempfile.mkdtemp(prefix="fredica-socket-"))
+    try:
+        public.chmod(0o755)
+        d = daemons(socket=public / "run" / "control.sock").start()
+        # With the modes as the daemon made them, the file system already refuses.
+        assert status_as_nobody(d.socket) == "EACCES"
+        # Loosen them: the peer-credential check still refuses.
+        os.chmod(d.socket.parent, 0o755)
+        os.chmod(d.socket, 0o666)
+        assert status_as_nobody(d.socket) == "PermissionDenied"
+        assert d.process.poll() is None and d.data("status")["pid"] == d.process.pid
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def raw_exchange(path: Path, payload: bytes, shutdown: bool = True) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)
+        sock.connect(str(path))
+        sock.sendall(payload)
+        if shutdown:
+            sock.shutdown(socket.SHUT_WR)
+        return protocol.read_frame(sock, protocol.MAX_REPLY)
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def test_garbage_oversized_and_half_written_frames(daemons) -> None:
+    d = daemons().start()
+    before = d.data("status")["counts"]
+    cases = {
+        "not json": frame(b"{not json"),
+        "not an object": frame(b"[1, 2]"),
+        "bad utf-8": frame(b"\xff\xfe\xfa"),
+        "oversized": (protocol.MAX_REQUEST + 1).to_bytes(4, "big") + b"{}",
+        "truncated body": (100).to_bytes(4, "big") + b'{"v": 1',
+        "truncated header": b"\x00\x00",
+        "wrong version": frame(b'{"v": 99, "op": "status"}'),
+        "unknown op": frame(b'{"v": 1, "op": "format_disk"}'),
+        "args not an object": frame(b'{"v": 1, "op": "ls", "args": [1]}'),
+        "unknown argument": frame(b'{"v": 1, "op": "ls", "args": {"evil": 1}}'),
+        "bad argument": frame(b'{"v": 1, "op": "ls", "args": {"limit": "x"}}'),
+        "missing argument": frame(b'{"v": 1, "op": "cancel", "args": {}}'),
+        "bad task": frame(b'{"v": 1, "op": "submit", "args": {"tasks": [{"type": "ECHO", "payload": [1]}]}}'),
+        "tasks not a list": frame(b'{"v": 1, "op": "submit", "args": {"tasks": "ECHO"}}'),
+    }
+    for name, payload in cases.items():
+        reply = raw_exchange(d.socket, payload)
+        assert reply["ok"] is False, name
+        assert reply["error"]["message"] and "\n" not in reply["error"]["message"], name
+    assert d.data("status")["counts"] == before
+    assert d.process.poll() is None
+
+
+def test_many_clients_at_once(daemons) -> None:
+    d = daemons().start()
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            results.append(d.submit("ECHO", payload={"i": i}))
+            d.data("status")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(set(results)) == 30
+    for task_id in results:
+        d.wait_task(task_id, "completed")
+
+
+def test_a_request_during_recovery_waits_and_is_applied_whole(daemons, tmp_path: Path) -> None:
+    d = daemons(cancel_grace=1.5)
+    d.start()
+    ready = tmp_path / "ready"
+    hang = d.submit("HANG", payload={"ready_file": str(ready), "ignore_sigterm": True})
+    wait_for(ready.exists)
+    leftover = int(ready.read_text())
+    d.kill9()
+
+    d.start(wait=False)
+    # Recovery is now waiting for the leftover that ignores SIGTERM (cancel_grace before SIGKILL).
+    wait_for(lambda: any(e["event"] == "leftover_executor" for e in d.log_events()))
+    wait_for(d.socket.exists)
+    reply = d.request("submit", tasks=[{"type": "ECHO", "payload": {"during": "recovery"}}])
+    assert reply["ok"], reply
+    new_task = d.wait_task(reply["data"]["tasks"][0]["id"], "completed")
+    # It was stored only after recovery had finished: recovery could not have touched it.
+    finished = [e for e in d.log_events() if e["event"] == "recovery_finished"][-1]
+    finished_at = datetime.datetime.fromisoformat(finished["timestamp"]).timestamp()
+    assert finished_at <= new_task["created_at"]
+    assert finished["interrupted"] == 1
+    assert new_task["payload"] == {"during": "recovery"}
+    assert d.task(hang)["error_type"] == "INTERRUPTED"
+    assert gone(leftover)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ("[daemon]\nmax_wokers = 3\n", "unknown key 'max_wokers'"),
+        ("[daemon]\nmax_workers = 0\n", "max_workers must be between 1 and 1024"),
+        ("[daemon]\npoll_interval = 'fast'\n", "poll_interval must be a number"),
+        ("[surprise]\n", "unknown section(s): surprise"),
+        ("[daemon\n", "is not valid TOML"),
+        ("[executors]\nX = 'no_colon'\n", "[executors] entries must look like"),
+    ],
+)
+def test_a_broken_config_stops_the_daemon_with_one_line(tmp_path: Path, config: str, message: str) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(config)
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "daemon", "--config", str(path)],
+        capture_output=True, text=True, timeout=30, env=Daemon(tmp_path / "x").env(),
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_an_unloadable_executor_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "d")
+    d.config.write_text(d.config.read_text() + 'BROKEN = "no_such_module_here:Thing"\n')
+    d.start(wait=False)
+    assert d.process.wait(30) == 1
+    assert "no_such_module_here" in d.output.read_text()
