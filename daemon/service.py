@@ -87,22 +87,30 @@ def main(config_path: str | None = None) -> int:
 def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
     from daemon import control, recovery
+    from daemon.notify import Notifier
     from daemon.supervisor import Supervisor
 
     server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args))
     server.bind()
     try:
-        supervisor = Supervisor(settings)
+        notifier = Notifier()
+        supervisor = Supervisor(settings, notifier=notifier)
         handlers = control.Handlers(supervisor)
-        recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
 
         def on_signal(signum: int, _frame: object) -> None:
             # Only set flags (the loop does the work); a second signal does not shorten the grace.
             supervisor.request_stop()
 
+        # Before recovery: a SIGTERM that arrives during it ends the daemon cleanly right after.
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
+
         server.serve()
+        notifier.ready(
+            f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "
+            + supervisor.summary()
+        )
         log.info("daemon_ready", pid=os.getpid(), socket=str(settings.socket), database=str(settings.database),
                  max_workers=settings.max_workers)
         supervisor.run()

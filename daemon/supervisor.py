@@ -26,8 +26,9 @@ import structlog
 
 from daemon import children, models, scheduler
 from daemon.config import Settings
-from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
+from daemon.notify import Notifier
 from daemon.scheduler import Action
 from daemon.store import db, runs, tasks
 from daemon.submission import TaskSpec
@@ -71,6 +72,10 @@ class RunningTask:
         return now - self.started_at - paused
 
 
+class ShuttingDown(FredicaError):
+    """The daemon is shutting down and takes no more requests."""
+
+
 @dataclasses.dataclass(frozen=True)
 class CancelReport:
     """What a cancel did: tasks cancelled at once, and running tasks asked to stop."""
@@ -88,6 +93,7 @@ class Supervisor:
         *,
         registry: Registry | None = None,
         clock: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -109,11 +115,15 @@ class Supervisor:
         self._pending_grace = settings.shutdown_grace
         self._finished = threading.Event()
         self._next_heartbeat = 0.0
+        self.notifier = notifier if notifier is not None else Notifier({})
+        self.finished_counts = {"completed": 0, "failed": 0, "cancelled": 0}
 
     # --- the API other threads use --------------------------------------------------------------
 
     def call(self, fn: Callable[[], T], timeout: float | None = 30.0) -> T:
         """Run `fn` on the loop thread (directly if already there, or if no loop runs)."""
+        if self._finished.is_set():
+            raise ShuttingDown("the daemon is shutting down")
         if self._loop_ident is None or threading.get_ident() == self._loop_ident:
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -181,6 +191,7 @@ class Supervisor:
                 if self._stop_requested.is_set() and self._shutdown_deadline is None:
                     self._shutdown_deadline = now + self._pending_grace
                     log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
+                    self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
                 timeout = self.tick(now)
                 if self._shutdown_deadline is not None and not self.running:
                     break
@@ -225,7 +236,17 @@ class Supervisor:
             self._claim(now)
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
+        self.notifier.tick(now, self.summary())
         return self._next_timeout(now)
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS: what the daemon is doing."""
+        done = self.finished_counts
+        state = "stopping" if self._shutdown_deadline is not None else "running"
+        return (
+            f"{state}: {len(self.running)}/{self.settings.max_workers} workers busy; since start "
+            f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
+        )
 
     def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any) -> None:
         """Executor misbehaviour (and our own bugs around it) must never stop the loop."""
@@ -274,6 +295,9 @@ class Supervisor:
                 deadlines.append(now + rt.task.timeout - rt.active_seconds(now))
         if self._shutdown_deadline is not None:
             deadlines.append(self._shutdown_deadline)
+        ping_at = self.notifier.next_update()
+        if ping_at is not None:
+            deadlines.append(ping_at)
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - now))
         return timeout
@@ -423,6 +447,7 @@ class Supervisor:
         if outcome.action is Action.COMPLETE:
             try:
                 tasks.complete(self.conn, task.id, result.result if result else None, now=now)
+                self.finished_counts["completed"] += 1
                 bound.info("task_completed")
                 return
             except (TypeError, ValueError) as exc:
@@ -437,11 +462,13 @@ class Supervisor:
             return
         if outcome.action is Action.CANCEL:
             ended = tasks.cancel(self.conn, task.id, now=now, reason=outcome.error or "cancelled")
+            self.finished_counts["cancelled"] += 1
             bound.info("task_cancelled")
         else:
             ended = tasks.fail(
                 self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION, now=now
             )
+            self.finished_counts["failed"] += 1
             bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
         if executor is not None:
             hook_result = ExecuteResult(error=outcome.error, error_type=outcome.error_type)
