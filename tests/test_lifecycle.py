@@ -1,0 +1,151 @@
+"""Daemon lifecycle under a service manager: graceful SIGTERM, sd_notify, the systemd units."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.notify import Notifier
+from tests.conftest import wait_for
+from tests.daemon_harness import REPO, Daemon
+
+
+def counter(tmp_path: Path, name: str, n: int, step: float) -> dict:
+    return {"n": n, "step": step, "count_file": str(tmp_path / f"{name}.count"),
+            "state_file": str(tmp_path / f"{name}.state")}
+
+
+def count(tmp_path: Path, name: str) -> int:
+    try:
+        return int((tmp_path / f"{name}.count").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "d", max_workers=3, shutdown_grace=1.0, cancel_grace=0.3).start()
+    short = d.submit("COUNT", payload=counter(tmp_path, "short", n=20, step=0.02))
+    long = d.submit("COUNT", max_retries=0, payload=counter(tmp_path, "long", n=400, step=0.01))
+    stubborn = d.submit("HANG", payload={"ready_file": str(tmp_path / "ready"), "ignore_sigterm": True})
+    wait_for(lambda: count(tmp_path, "short") and count(tmp_path, "long") and (tmp_path / "ready").exists())
+
+    assert d.stop(signal.SIGTERM) == 0
+    # Finished within the grace period: completed. The others: back to pending, retries untouched.
+    d.start()  # recovery must not find anything running
+    assert d.task(short)["status"] == "completed"
+    assert d.data("restarts") == []
+    for task_id in (long, stubborn):
+        task = d.task(task_id)
+        assert task["retry_count"] == 0 and task["error_type"] is None
+    # After the restart they run again; the counter starts over and completes.
+    assert d.wait_task(long, "completed", timeout=30)["result"] == {"count": 400}
+    assert d.wait_task(stubborn, "running")["status"] == "running"
+    d.data("cancel", id=stubborn)
+    d.wait_task(stubborn, "cancelled")
+    events = [e for e in d.log_events() if e.get("task_id") == long]
+    assert any(e["event"] == "task_interrupted" and e.get("by") == "shutdown" for e in events)
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path):
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(20)
+    yield path, sock
+    sock.close()
+
+
+def receive_until(sock: socket.socket, predicate) -> list[str]:
+    seen: list[str] = []
+    while True:
+        message = sock.recv(4096).decode()
+        seen.append(message)
+        if predicate(message):
+            return seen
+
+
+def test_sd_notify_ready_watchdog_status_stopping(tmp_path: Path, notify_socket) -> None:
+    path, sock = notify_socket
+    d = Daemon(tmp_path / "d")
+    env = d.env() | {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
+    d.env = lambda: env  # type: ignore[method-assign]
+    d.start(wait=False)
+    ready = receive_until(sock, lambda m: "READY=1" in m)[-1]
+    assert "STATUS=ready" in ready and f"MAINPID={d.process.pid}" in ready
+    # The socket answers by the time READY is sent: recovery is done and requests are served.
+    assert d.data("status")["pid"] == d.process.pid
+    # The watchdog is pinged at half its interval, from the loop, with a one-line STATUS.
+    pings = []
+    while len(pings) < 3:
+        message = sock.recv(4096).decode()
+        if "WATCHDOG=1" in message:
+            pings.append(time.monotonic())
+            assert "STATUS=running: 0/2 workers busy" in message
+    assert min(b - a for a, b in zip(pings, pings[1:])) > 0.1
+    d.stop(signal.SIGTERM)
+    assert any("STOPPING=1" in m for m in receive_until(sock, lambda m: "STOPPING=1" in m))
+
+
+def test_no_watchdog_ping_without_a_tick(tmp_path: Path, notify_socket) -> None:
+    path, sock = notify_socket
+    notifier = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})
+    notifier.tick(100.0, "fine")
+    assert sock.recv(4096).decode() == "WATCHDOG=1\nSTATUS=fine"
+    notifier.tick(100.2, "fine")  # before half the interval: nothing
+    notifier.tick(100.5, "busy")
+    assert sock.recv(4096).decode() == "WATCHDOG=1\nSTATUS=busy"
+    assert notifier.next_update() == pytest.approx(101.0)
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(4096)  # nothing else was sent: no side thread pings on its own
+    assert not Notifier({}).enabled
+
+
+def test_abstract_notify_socket_address() -> None:
+    assert Notifier({"NOTIFY_SOCKET": "@/org/systemd/notify"}).address == "\0/org/systemd/notify"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("unit", ["fredica.service", "fredica-user.service"])
+def test_units_verify(unit: str, tmp_path: Path) -> None:
+    source = REPO / "systemd" / unit
+    text = source.read_text()
+    # Point ExecStart at an executable that exists here, as an installed unit's would.
+    fake_bin = tmp_path / "fredica"
+    fake_bin.write_text("#!/bin/sh\n")
+    fake_bin.chmod(0o755)
+    lines = [
+        f"ExecStart={fake_bin} daemon" if line.startswith("ExecStart=") else line
+        for line in text.splitlines()
+    ]
+    copy = tmp_path / unit
+    copy.write_text("\n".join(lines) + "\n")
+    args = ["systemd-analyze", "verify", *(["--user"] if "user" in unit else []), str(copy)]
+    runtime = tmp_path / "xdg-runtime"  # a user manager needs one, even only to verify
+    runtime.mkdir(mode=0o700)
+    env = os.environ | {"XDG_RUNTIME_DIR": str(runtime)}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    problems = [
+        line for line in (result.stdout + result.stderr).splitlines()
+        if str(copy) in line or unit in line
+    ]
+    assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
+def test_unit_timeouts_cover_the_graceful_shutdown() -> None:
+    text = (REPO / "systemd" / "fredica.service").read_text()
+    settings = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+    )
+    assert settings["Type"] == "notify" and settings["KillSignal"] == "SIGTERM"
+    # shutdown_grace, then cancel_grace before SIGTERM and again before SIGKILL of executors.
+    assert int(settings["TimeoutStopSec"]) > 30 + 2 * 10
+    assert int(settings["WatchdogSec"]) > 0 and settings["Restart"] == "on-failure"
