@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
+from daemon import templates
 from daemon.errors import FredicaError
 
 
@@ -56,7 +57,7 @@ class Settings:
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    templates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    templates: Mapping[str, templates.Template] = dataclasses.field(default_factory=dict)
     source: Path | None = None
 
     @classmethod
@@ -138,10 +139,15 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
         isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in executors.items()
     ):
         raise ConfigError('[executors] entries must look like TYPE = "package.module:Class"')
-    templates = data.get("templates", {})
-    if not isinstance(templates, Mapping):
+    raw_templates = data.get("templates", {})
+    if not isinstance(raw_templates, Mapping):
         raise ConfigError("[templates] must be a table of templates")
-    return dataclasses.replace(base, **values, executors=dict(executors), templates=dict(templates), source=source)
+    try:
+        # Structure, parameters and dependencies now; task types once the executors are loaded.
+        parsed = templates.parse_all(raw_templates)
+    except templates.TemplateError as exc:
+        raise ConfigError(f"[templates] {exc.message}") from None
+    return dataclasses.replace(base, **values, executors=dict(executors), templates=parsed, source=source)
 
 
 def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:

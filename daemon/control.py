@@ -121,9 +121,20 @@ class Handlers:
         }
 
     def op_run(self, template: str, material_id: str | None = None, params: Any = None) -> dict[str, Any]:
-        if not self.settings.templates:
+        known = self.settings.templates
+        if not known:
             raise FredicaError("no workflow templates are configured")
-        raise FredicaError(f"unknown template {template!r}")
+        if template not in known:
+            raise FredicaError(f"unknown template {template!r}; configured: {', '.join(sorted(known))}")
+        params = params or {}
+        if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
+            raise FredicaError("params must map names to strings")
+        specs = known[template].instantiate(params)
+        submission = self.sup.submit(specs, template=template, material_id=material_id)
+        return {
+            "run_id": submission.run_id,
+            "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
+        }
 
     def op_cancel(self, id: str) -> dict[str, Any]:
         report = self.sup.cancel(id)

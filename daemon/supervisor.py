@@ -24,14 +24,14 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, models, scheduler
+from daemon import children, models, scheduler, templates
 from daemon.config import Settings
 from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
 from daemon.notify import Notifier
 from daemon.scheduler import Action
 from daemon.store import db, runs, tasks
-from daemon.submission import TaskSpec
+from daemon.submission import SubmissionRefused, TaskSpec
 from executors.base import ExecuteResult, TaskExecutor
 from executors.registry import Registry
 
@@ -99,6 +99,12 @@ class Supervisor:
         self.clock = clock
         self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
+        for template in settings.templates.values():
+            for task in template.tasks:
+                if task.spec.type not in self.registry:
+                    raise templates.TemplateError(
+                        f"template {template.name}, task {task.name}: no executor for type {task.spec.type}"
+                    )
         self.context = children.make_context(settings.start_method)
         self.running: dict[str, RunningTask] = {}
         self.started_at = clock()
@@ -314,6 +320,14 @@ class Supervisor:
             )
             bound.warning("task_failed", error_type=models.NO_EXECUTOR)
             return
+        upstream = tasks.results_of(self.conn, task.depends_on)
+        try:
+            # Payload values that name a dependency's result (templates) are filled in now.
+            task = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
+        except SubmissionRefused as exc:
+            tasks.fail(self.conn, task.id, error=exc.message, error_type=models.PAYLOAD_ERROR, now=now)
+            bound.warning("task_failed", error_type=models.PAYLOAD_ERROR, error=exc.message)
+            return
         try:
             skip = bool(executor.can_skip(task))
         except Exception:
@@ -325,7 +339,6 @@ class Supervisor:
             return
         log_path = self.settings.task_log(task.id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        upstream = tasks.results_of(self.conn, task.depends_on)
         child = children.spawn(
             task, self.registry.ref(task.type), upstream, log_path, context=self.context
         )

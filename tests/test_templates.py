@@ -1,0 +1,128 @@
+"""Workflow templates: validation at load, parameters, results of upstream tasks, `fredica run`."""
+
+from __future__ import annotations
+
+import signal
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from daemon import cli, config, templates
+from daemon.config import ConfigError
+from daemon.submission import SubmissionRefused
+from tests.daemon_harness import Daemon
+
+PIPELINE = """
+[templates.echo_chain]
+description = "two echoes, the second quoting the first"
+params = ["word"]
+defaults = { suffix = "!" }
+
+[templates.echo_chain.tasks.first]
+type = "ECHO"
+payload = { word = "{word}{suffix}", literal = "{{not a param}}" }
+max_retries = 2
+priority = 4
+
+[templates.echo_chain.tasks.second]
+type = "ECHO"
+depends_on = ["first"]
+payload = { quoted = "{first.echo.word}", sentence = "first said {first.echo.word} as {first.task_id}" }
+"""
+
+
+def parse(text: str) -> dict[str, templates.Template]:
+    return templates.parse_all(tomllib.loads(text)["templates"])
+
+
+def test_instantiate_fills_params_and_orders_dependencies_first() -> None:
+    template = parse(PIPELINE)["echo_chain"]
+    first, second = template.instantiate({"word": "hi"})
+    assert first.key == "first" and first.payload == {"word": "hi!", "literal": "{not a param}"}
+    assert first.max_retries == 2 and first.priority == 4
+    assert second.depends_on == ("first",)
+    assert second.payload["quoted"] == "{@0.echo.word}"
+    assert template.instantiate({"word": "x", "suffix": "?"})[0].payload["word"] == "x?"
+
+
+def test_a_param_value_with_braces_stays_literal() -> None:
+    first, second = parse(PIPELINE)["echo_chain"].instantiate({"word": "{evil}"})
+    assert first.payload["word"] == "{evil}!"
+
+
+def test_missing_and_unknown_params_are_refused() -> None:
+    template = parse(PIPELINE)["echo_chain"]
+    with pytest.raises(templates.TemplateError, match="needs --set word=VALUE"):
+        template.instantiate({})
+    with pytest.raises(templates.TemplateError, match="has no parameter colour"):
+        template.instantiate({"word": "a", "colour": "red"})
+
+
+def test_resolve_results_at_dispatch() -> None:
+    payload = {"whole": "{@0.n}", "text": "n={@0.n}, {{braces}}", "nested": ["{@1.a.b}"]}
+    resolved = templates.resolve_results(payload, ["t0", "t1"], {"t0": {"n": 3}, "t1": {"a": {"b": "deep"}}})
+    assert resolved == {"whole": 3, "text": "n=3, {braces}", "nested": ["deep"]}
+    with pytest.raises(SubmissionRefused, match="has no field 'missing'"):
+        templates.resolve_results({"x": "{@0.missing}"}, ["t0"], {"t0": {}})
+    plain = {"x": "{{left alone}}", "y": "{name}"}
+    assert templates.resolve_results(plain, [], {}) == plain  # nothing to fill: untouched
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[templates.t.tasks.a]\ntype = "ECHO"\ndepends_on = ["nope"]\n', "depends on unknown task 'nope'"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\ndepends_on = ["a"]\n', "depends on itself"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\ndepends_on = ["b"]\n[templates.t.tasks.b]\ntype = "ECHO"\n'
+         'depends_on = ["a"]\n', "dependency cycle"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\npayload = { x = "{undeclared}" }\n', "parameter {undeclared} is not declared"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\n[templates.t.tasks.b]\ntype = "ECHO"\npayload = { x = "{a.out}" }\n',
+         "not one of its dependencies"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\nprioirty = 3\n', "unknown key(s) prioirty"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\npriority = "high"\n', "priority must be an integer"),
+        ("[templates.t]\nparams = []\n", "template t has no tasks"),
+    ],
+)
+def test_invalid_templates_are_refused_at_load(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        config.load(path, env={"HOME": str(tmp_path)})
+    assert message in caught.value.message
+
+
+def test_unknown_task_types_stop_the_daemon(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "d")
+    d.config.write_text(d.config.read_text() + '\n[templates.t.tasks.a]\ntype = "NO_SUCH_TYPE"\n')
+    d.start(wait=False)
+    assert d.process.wait(30) == 1
+    assert "template t, task a: no executor for type NO_SUCH_TYPE" in d.output.read_text()
+
+
+def test_fredica_run_end_to_end(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "d")
+    d.config.write_text(d.config.read_text() + PIPELINE)
+    d.start()
+    try:
+        runner = CliRunner()
+        result = runner.invoke(
+            cli.main, ["run", "echo_chain", "--set", "word=hello", "--material", "m7", "--config", str(d.config)]
+        )
+        assert result.exit_code == 0, result.output
+        run_id = result.stdout.strip()
+        run = d.data("show", id=run_id)["object"]
+        assert run["template"] == "echo_chain" and run["material_id"] == "m7"
+        first_id, second_id = (t["id"] for t in run["tasks"])
+        second = d.wait_task(second_id, "completed")
+        assert second["result"]["echo"] == {
+            "quoted": "hello!",
+            "sentence": f"first said hello! as {first_id}",
+        }
+        missing = runner.invoke(cli.main, ["run", "echo_chain", "--config", str(d.config)])
+        assert missing.exit_code == 1 and "--set word=VALUE" in missing.stderr
+        unknown = runner.invoke(cli.main, ["run", "nope", "--config", str(d.config)])
+        assert unknown.exit_code == 1 and "unknown template 'nope'" in unknown.stderr
+    finally:
+        d.stop(signal.SIGKILL)
