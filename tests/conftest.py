@@ -5,11 +5,14 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 import pytest
 
 from daemon.store import db
+
+if TYPE_CHECKING:
+    from tests.daemon_harness import Daemon
 
 T = TypeVar("T")
 
@@ -36,3 +39,20 @@ def conn(db_path: Path) -> Iterator[sqlite3.Connection]:
     connection = db.open_database(db_path)
     yield connection
     connection.close()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[..., "Daemon"]]:
+    """Makes real daemons (not yet started) under tmp_path; kills any still running at the end."""
+    from tests.daemon_harness import Daemon
+
+    made: list[Daemon] = []
+
+    def make(name: str = "d", **options: object) -> Daemon:
+        daemon = Daemon(tmp_path / name, **options)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        daemon.kill_if_running()

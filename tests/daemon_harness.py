@@ -115,6 +115,12 @@ class Daemon:
             self.process.send_signal(sig)
         return self.process.wait(timeout)
 
+    def kill_if_running(self) -> None:
+        """Test clean-up: no daemon may outlive its test, whatever the test did."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
     def kill9(self) -> None:
         assert self.process is not None
         self.process.kill()

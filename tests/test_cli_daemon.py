@@ -4,7 +4,6 @@ the installed command as a subprocess where the exit status of a whole process m
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +26,11 @@ RUN_COLUMNS = {"id", "material_id", "template", "status", "total_tasks", "done_t
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = Daemon(tmp_path_factory.mktemp("cli") / "d", max_workers=2).start()
-    yield d
-    d.stop(signal.SIGKILL)
+    d = Daemon(tmp_path_factory.mktemp("cli") / "d", max_workers=2)
+    try:
+        yield d.start()
+    finally:
+        d.kill_if_running()
 
 
 def fredica(d: Daemon, *args: str, input: str | None = None) -> Result:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -22,21 +21,6 @@ from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
-
-
-@pytest.fixture
-def daemons(tmp_path: Path):
-    started: list[Daemon] = []
-
-    def make(name: str = "d", **options) -> Daemon:
-        daemon = Daemon(tmp_path / name, **options)
-        started.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in started:
-        if daemon.process is not None and daemon.process.poll() is None:
-            daemon.stop(signal.SIGKILL)
 
 
 def gone(pid: int) -> bool:
@@ -144,7 +128,7 @@ def test_orphans_fail_at_startup(db_path: Path) -> None:
 
 def test_a_second_daemon_on_the_same_database_refuses(daemons) -> None:
     first = daemons().start()
-    second = Daemon(first.root)  # the same config, so the same database
+    second = daemons("d")  # the same config, so the same database
     second.start(wait=False)
     assert second.process.wait(20) == 1
     out = second.output.read_text()
@@ -318,8 +302,8 @@ def test_a_broken_config_stops_the_daemon_with_one_line(tmp_path: Path, config: 
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_an_unloadable_executor_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "d")
+def test_an_unloadable_executor_stops_the_daemon_with_one_line(daemons) -> None:
+    d = daemons()
     d.config.write_text(d.config.read_text() + 'BROKEN = "no_such_module_here:Thing"\n')
     d.start(wait=False)
     assert d.process.wait(30) == 1

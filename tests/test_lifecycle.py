@@ -14,7 +14,7 @@ import pytest
 
 from daemon.notify import Notifier
 from tests.conftest import wait_for
-from tests.daemon_harness import REPO, Daemon
+from tests.daemon_harness import REPO
 
 
 def counter(tmp_path: Path, name: str, n: int, step: float) -> dict:
@@ -29,8 +29,8 @@ def count(tmp_path: Path, name: str) -> int:
         return 0
 
 
-def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "d", max_workers=3, shutdown_grace=1.0, cancel_grace=0.3).start()
+def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path, daemons) -> None:
+    d = daemons(max_workers=3, shutdown_grace=1.0, cancel_grace=0.3).start()
     short = d.submit("COUNT", payload=counter(tmp_path, "short", n=20, step=0.02))
     long = d.submit("COUNT", max_retries=0, payload=counter(tmp_path, "long", n=400, step=0.01))
     stubborn = d.submit("HANG", payload={"ready_file": str(tmp_path / "ready"), "ignore_sigterm": True})
@@ -72,9 +72,9 @@ def receive_until(sock: socket.socket, predicate) -> list[str]:
             return seen
 
 
-def test_sd_notify_ready_watchdog_status_stopping(tmp_path: Path, notify_socket) -> None:
+def test_sd_notify_ready_watchdog_status_stopping(daemons, notify_socket) -> None:
     path, sock = notify_socket
-    d = Daemon(tmp_path / "d")
+    d = daemons()
     env = d.env() | {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
     d.env = lambda: env  # type: ignore[method-assign]
     d.start(wait=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import tomllib
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from click.testing import CliRunner
 from daemon import cli, config, templates
 from daemon.config import ConfigError
 from daemon.submission import SubmissionRefused
-from tests.daemon_harness import Daemon
 
 PIPELINE = """
 [templates.echo_chain]
@@ -93,36 +91,33 @@ def test_invalid_templates_are_refused_at_load(tmp_path: Path, text: str, messag
     assert message in caught.value.message
 
 
-def test_unknown_task_types_stop_the_daemon(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "d")
+def test_unknown_task_types_stop_the_daemon(daemons) -> None:
+    d = daemons()
     d.config.write_text(d.config.read_text() + '\n[templates.t.tasks.a]\ntype = "NO_SUCH_TYPE"\n')
     d.start(wait=False)
     assert d.process.wait(30) == 1
     assert "template t, task a: no executor for type NO_SUCH_TYPE" in d.output.read_text()
 
 
-def test_fredica_run_end_to_end(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "d")
+def test_fredica_run_end_to_end(daemons) -> None:
+    d = daemons()
     d.config.write_text(d.config.read_text() + PIPELINE)
     d.start()
-    try:
-        runner = CliRunner()
-        result = runner.invoke(
-            cli.main, ["run", "echo_chain", "--set", "word=hello", "--material", "m7", "--config", str(d.config)]
-        )
-        assert result.exit_code == 0, result.output
-        run_id = result.stdout.strip()
-        run = d.data("show", id=run_id)["object"]
-        assert run["template"] == "echo_chain" and run["material_id"] == "m7"
-        first_id, second_id = (t["id"] for t in run["tasks"])
-        second = d.wait_task(second_id, "completed")
-        assert second["result"]["echo"] == {
-            "quoted": "hello!",
-            "sentence": f"first said hello! as {first_id}",
-        }
-        missing = runner.invoke(cli.main, ["run", "echo_chain", "--config", str(d.config)])
-        assert missing.exit_code == 1 and "--set word=VALUE" in missing.stderr
-        unknown = runner.invoke(cli.main, ["run", "nope", "--config", str(d.config)])
-        assert unknown.exit_code == 1 and "unknown template 'nope'" in unknown.stderr
-    finally:
-        d.stop(signal.SIGKILL)
+    runner = CliRunner()
+    result = runner.invoke(
+        cli.main, ["run", "echo_chain", "--set", "word=hello", "--material", "m7", "--config", str(d.config)]
+    )
+    assert result.exit_code == 0, result.output
+    run_id = result.stdout.strip()
+    run = d.data("show", id=run_id)["object"]
+    assert run["template"] == "echo_chain" and run["material_id"] == "m7"
+    first_id, second_id = (t["id"] for t in run["tasks"])
+    second = d.wait_task(second_id, "completed")
+    assert second["result"]["echo"] == {
+        "quoted": "hello!",
+        "sentence": f"first said hello! as {first_id}",
+    }
+    missing = runner.invoke(cli.main, ["run", "echo_chain", "--config", str(d.config)])
+    assert missing.exit_code == 1 and "--set word=VALUE" in missing.stderr
+    unknown = runner.invoke(cli.main, ["run", "nope", "--config", str(d.config)])
+    assert unknown.exit_code == 1 and "unknown template 'nope'" in unknown.stderr
