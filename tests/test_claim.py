@@ -89,7 +89,7 @@ def test_claim_skips_a_task_until_its_not_before_time(conn: sqlite3.Connection) 
     assert tasks.claim_next(conn, T0).id == urgent
     tasks.start(conn, urgent, now=T0)
     tasks.retry(conn, urgent, error="flaky", error_type="EXCEPTION", not_before=T0 + 60, now=T0 + 1)
-    assert tasks.next_ready_at(conn) == 0  # `routine` has been ready since submission
+    assert tasks.next_ready_at(conn) == T0 + 60  # when the delayed retry becomes claimable
 
     # The higher-priority retry waits; the lower-priority task goes first.
     assert tasks.claim_next(conn, T0 + 2).id == routine
@@ -98,6 +98,20 @@ def test_claim_skips_a_task_until_its_not_before_time(conn: sqlite3.Connection) 
     again = tasks.claim_next(conn, T0 + 60)
     assert again.id == urgent
     assert again.retry_count == 1
+    assert tasks.next_ready_at(conn) is None  # nothing waits out a delay any more
+
+
+def test_delayed_retries_are_not_in_the_ready_index(conn: sqlite3.Connection) -> None:
+    # Claiming reads only the partial index of claimable tasks: a task waiting out its retry delay
+    # is kept in another index until its time comes, so many of them cannot slow claiming down.
+    (task_id,) = submit(conn, {"type": "U", "max_retries": 1})
+    tasks.claim_next(conn, T0)
+    tasks.start(conn, task_id, now=T0)
+    tasks.retry(conn, task_id, error="e", error_type="EXCEPTION", not_before=T0 + 5, now=T0)
+    in_ready = conn.execute("SELECT count(*) FROM task INDEXED BY task_ready "
+                            "WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0").fetchone()[0]
+    assert in_ready == 0
+    assert tasks.claim_next(conn, T0 + 5).id == task_id
 
 
 # --- dependencies -------------------------------------------------------------------------------

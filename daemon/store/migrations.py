@@ -157,7 +157,21 @@ SCHEDULING = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING)
+# 3: tasks waiting out a retry delay leave the ready index. Claiming used to filter them out while
+# walking the index in priority order, so thousands of delayed tasks of high priority made every
+# claim slow. Now a delayed task sits in `task_delayed` until its time comes, when claiming
+# promotes it (`not_before` back to 0) into `task_ready`.
+DELAYED_RETRIES = Migration(
+    3,
+    "delayed retries out of the ready index",
+    (
+        "DROP INDEX task_ready",
+        "CREATE INDEX task_ready ON task(priority DESC, seq) WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0",
+        "CREATE INDEX task_delayed ON task(not_before) WHERE status = 'pending' AND not_before > 0",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES)
 LATEST = MIGRATIONS[-1].version
 
 

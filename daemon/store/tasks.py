@@ -400,13 +400,17 @@ def transition(
 def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
     """Claim the ready task that comes first (priority, then submission order), or None."""
     with write(conn):
+        # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
+        conn.execute(
+            "UPDATE task SET not_before = 0 WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
+            (now,),
+        )
         row = conn.execute(
             """
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
-            WHERE status = 'pending' AND unmet_deps = 0 AND not_before <= ?
+            WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0
             ORDER BY priority DESC, seq LIMIT 1
-            """,
-            (now,),
+            """
         ).fetchone()
         if row is None:
             return None
@@ -414,9 +418,9 @@ def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
 
 
 def next_ready_at(conn: sqlite3.Connection) -> float | None:
-    """The earliest not-before time of a ready task waiting for its retry delay, if any."""
+    """The earliest time a task waiting out its retry delay becomes claimable, if any."""
     row = conn.execute(
-        "SELECT min(not_before) FROM task INDEXED BY task_ready WHERE status = 'pending' AND unmet_deps = 0"
+        "SELECT min(not_before) FROM task INDEXED BY task_delayed WHERE status = 'pending' AND not_before > 0"
     ).fetchone()
     return row[0]
 
