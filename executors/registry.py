@@ -57,6 +57,13 @@ def load_class(ref: str) -> type[TaskExecutor]:
     return obj
 
 
+BUILTINS = {
+    "SHELL": "executors.shell:ShellExecutor",
+    "DOWNLOAD": "executors.download:DownloadExecutor",
+    "TRANSCODE_MP4": "executors.transcode:TranscodeExecutor",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Registration:
     """One task type's executor: its class, the reference it was loaded from, and where that came from."""
@@ -64,7 +71,7 @@ class Registration:
     task_type: str
     ref: str
     cls: type[TaskExecutor]
-    source: str  # "config" or "entry point <distribution>"
+    source: str  # "built-in", "config" or "entry point <distribution>"
 
 
 class Registry:
@@ -76,11 +83,16 @@ class Registry:
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, str] | None = None, *, entry_points: bool = True
+        cls, config: Mapping[str, str] | None = None, *, entry_points: bool = True, builtins: bool = True
     ) -> Registry:
-        """The registry for a daemon: entry points first, then `[executors]`, which overrides them."""
+        """The registry for a daemon: the built-ins, then entry points, then `[executors]`; each
+        later source overrides the earlier ones for the same task type."""
         config = dict(config or {})
-        refs: dict[str, tuple[str, str]] = {}
+        refs: dict[str, tuple[str, str]] = {
+            task_type: (ref, "built-in")
+            for task_type, ref in (BUILTINS if builtins else {}).items()
+            if task_type not in config
+        }
         if entry_points:
             for task_type, candidates in _entry_point_refs().items():
                 if task_type in config:

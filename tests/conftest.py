@@ -5,10 +5,11 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import pytest
 
+from daemon.models import Task, TaskStatus
 from daemon.store import db
 
 if TYPE_CHECKING:
@@ -56,3 +57,18 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., "Daemon"]]:
     yield make
     for daemon in made:
         daemon.kill_if_running()
+
+
+def make_task(task_type: str, payload: dict[str, Any] | None = None, **fields: Any) -> Task:
+    """A task snapshot as the supervisor hands it to an executor, for tests without a database."""
+    values: dict[str, Any] = dict(
+        seq=1, id=f"task-{task_type.lower()}", type=task_type, workflow_run_id="run-1",
+        material_id=None, status=TaskStatus.RUNNING, priority=0, depends_on=(),
+        payload=payload or {}, result=None, error=None, error_type=None, idempotency_key=None,
+        retry_count=0, max_retries=0, progress=0, status_text=None, is_paused=False,
+        is_pausable=False, timeout=None, not_before=0.0, executor_pid=None,
+        executor_started_at=None, created_at=0.0, claimed_at=None, started_at=None,
+        completed_at=None, heartbeat_at=None,
+    )
+    values.update(fields)
+    return Task(**values)

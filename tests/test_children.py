@@ -20,26 +20,11 @@ import psutil
 import pytest
 
 from daemon import children, models
-from daemon.models import Task, TaskStatus
 from executors import endpoint
 from executors.base import ExecuteResult, TaskContext
-from tests.conftest import wait_for
+from tests.conftest import make_task, wait_for
 
 Launch = Callable[..., children.ExecutorProcess]
-
-
-def make_task(task_type: str, payload: dict[str, Any] | None = None, **fields: Any) -> Task:
-    values: dict[str, Any] = dict(
-        seq=1, id=f"task-{task_type.lower()}", type=task_type, workflow_run_id="run-1",
-        material_id=None, status=TaskStatus.RUNNING, priority=0, depends_on=(),
-        payload=payload or {}, result=None, error=None, error_type=None, idempotency_key=None,
-        retry_count=0, max_retries=0, progress=0, status_text=None, is_paused=False,
-        is_pausable=False, timeout=None, not_before=0.0, executor_pid=None,
-        executor_started_at=None, created_at=0.0, claimed_at=None, started_at=None,
-        completed_at=None, heartbeat_at=None,
-    )
-    values.update(fields)
-    return Task(**values)
 
 
 @pytest.fixture(scope="module")

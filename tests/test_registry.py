@@ -29,6 +29,7 @@ def test_config_references_map_types_to_classes_and_refs() -> None:
     reg = Registry.from_config(
         {"ECHO": "tests.sample_executors:Echo", "COUNT": " tests.sample_executors : Counter "},
         entry_points=False,
+        builtins=False,
     )
     assert list(reg) == ["COUNT", "ECHO"] and len(reg) == 2 and "ECHO" in reg
     assert reg.ref("ECHO") == "tests.sample_executors:Echo"
@@ -43,7 +44,7 @@ def test_config_references_map_types_to_classes_and_refs() -> None:
 
 
 def test_the_child_can_load_what_the_registry_accepted() -> None:
-    reg = Registry.from_config({"ECHO": "tests.sample_executors:Echo"}, entry_points=False)
+    reg = Registry.from_config({"ECHO": "tests.sample_executors:Echo"}, entry_points=False, builtins=False)
     assert registry.load_class(reg.ref("ECHO")) is sample_executors.Echo
 
 
@@ -96,7 +97,7 @@ def test_two_entry_points_for_one_type_are_refused_unless_the_config_chooses(
 )
 def test_bad_references_give_clear_errors(ref: str, message: str) -> None:
     with pytest.raises(ExecutorConfigError) as info:
-        Registry.from_config({"ECHO": ref}, entry_points=False)
+        Registry.from_config({"ECHO": ref}, entry_points=False, builtins=False)
     assert isinstance(info.value, FredicaError)
     assert info.value.message.startswith("ECHO (config): ")
     assert message in info.value.message
@@ -106,7 +107,7 @@ def test_a_module_that_fails_to_import_is_reported_with_its_error(tmp_path: Any,
     (tmp_path / "exploding_executor.py").write_text("raise RuntimeError('no GPU here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ExecutorConfigError, match=r"cannot import module 'exploding_executor' \(RuntimeError: no GPU here\)"):
-        Registry.from_config({"GPU": "exploding_executor:Gpu"}, entry_points=False)
+        Registry.from_config({"GPU": "exploding_executor:Gpu"}, entry_points=False, builtins=False)
 
 
 def test_a_bad_entry_point_names_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,6 +125,15 @@ def test_a_constructor_that_fails_is_a_config_error(tmp_path: Any, monkeypatch: 
         "        raise OSError('no config file')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    reg = Registry.from_config({"PICKY": "picky_executor:Picky"}, entry_points=False)
+    reg = Registry.from_config({"PICKY": "picky_executor:Picky"}, entry_points=False, builtins=False)
     with pytest.raises(ExecutorConfigError, match=r"PICKY: cannot create picky_executor:Picky\(\) \(OSError: no config file\)"):
         reg.get("PICKY")
+
+
+def test_the_built_in_executors_are_registered_and_can_be_overridden() -> None:
+    reg = Registry.from_config({}, entry_points=False)
+    assert {"SHELL", "DOWNLOAD", "TRANSCODE_MP4"} <= set(reg)
+    assert reg.registration("SHELL").source == "built-in"  # type: ignore[union-attr]
+    assert reg.get("TRANSCODE_MP4").pausable  # type: ignore[union-attr]
+    overridden = Registry.from_config({"SHELL": "tests.test_shell:QuickKillShell"}, entry_points=False)
+    assert overridden.ref("SHELL") == "tests.test_shell:QuickKillShell"

@@ -1,0 +1,239 @@
+"""The built-in TRANSCODE_MP4 executor: ffmpeg to an MP4 file, with progress, pausable.
+
+Payload: `{"input": "/abs/in.mkv", "output": "/abs/out.mp4"}`, optional `"args"` (list of ffmpeg
+output options, replacing the defaults `DEFAULT_ARGS`: H.264 veryfast, yuv420p so every player can
+show it, AAC, faststart for streaming) and `"input_args"` (input options placed before `-i`, e.g.
+`["-ss", "10"]` or `["-re"]`). Result: `{"output": path, "duration": seconds}` (the output's duration
+as ffprobe reads it, else the input's; None if neither is known).
+
+ffmpeg writes to `<dir>/<stem>.tmp<suffix>` (as MP4 whatever the name), which is renamed to the
+output only after ffmpeg succeeded, so a half-written file never has the final name. Progress comes
+from `-progress pipe:1` (out_time against the input's duration from ffprobe). Pause stops ffmpeg's
+process group (SIGSTOP), resume continues it; cancel ends it and removes the partial file.
+
+Errors: `PAYLOAD_ERROR` (malformed payload, missing input; never retried), `MISSING_TOOL` (ffmpeg not
+installed), `FFMPEG` (non-zero exit, with ffmpeg's last lines), `IO_ERROR`, `CANCELLED`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from executors import _process
+from executors.base import ExecuteResult, TaskExecutor
+
+if TYPE_CHECKING:
+    from daemon.models import Task
+    from executors.base import TaskContext
+
+DEFAULT_ARGS = (
+    "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
+    "-c:a", "aac", "-movflags", "+faststart",
+)
+LAST_LINES = 20
+PROBE_TIMEOUT = 60.0
+MISSING_TOOL = "MISSING_TOOL"
+FFMPEG = "FFMPEG"
+_CLOCK = re.compile(r"(-?)(\d+):(\d{1,2}):(\d{1,2}(?:\.\d+)?)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TranscodeSpec:
+    """A validated TRANSCODE_MP4 payload."""
+
+    input: Path
+    output: Path
+    args: tuple[str, ...]
+    input_args: tuple[str, ...]
+
+    @property
+    def temporary(self) -> Path:
+        """Where ffmpeg writes until it has succeeded."""
+        return self.output.with_name(f"{self.output.stem}.tmp{self.output.suffix or '.mp4'}")
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
+        """Check the payload (and that the input is a file); PayloadError says what is wrong."""
+        source, target = _path(payload, "input"), _path(payload, "output")
+        if check_input and not source.is_file():
+            raise _process.PayloadError(f"input file not found: {source}")
+        if target.is_dir():
+            raise _process.PayloadError(f"output is a directory: {target}")
+        if source.resolve() == target.resolve():
+            raise _process.PayloadError("input and output are the same file")
+        return cls(
+            source, target,
+            _options(payload, "args", DEFAULT_ARGS),
+            _options(payload, "input_args", ()),
+        )
+
+
+def _path(payload: Mapping[str, Any], key: str) -> Path:
+    value = payload.get(key)
+    if not isinstance(value, str) or not value:
+        raise _process.PayloadError(f"{key} (an absolute file path) is required")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise _process.PayloadError(f"{key} must be an absolute path, not {value!r}")
+    return path
+
+
+def _options(payload: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = payload.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
+        raise _process.PayloadError(f"{key} must be a list of strings")
+    return tuple(value)
+
+
+def probe_duration(ffprobe: str | None, path: Path) -> float | None:
+    """The media's duration in seconds according to ffprobe, or None if it cannot tell."""
+    if ffprobe is None:
+        return None
+    try:
+        done = subprocess.run(
+            [ffprobe, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False,
+        )
+        value = float(done.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None  # "N/A", no format, unreadable: progress then shows time only
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def clock(seconds: float) -> str:
+    """HH:MM:SS."""
+    whole = int(max(seconds, 0.0))
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def parse_clock(text: str) -> float | None:
+    """Seconds in an ffmpeg "HH:MM:SS.micro" time, or None."""
+    match = _CLOCK.match(text.strip())
+    if match is None:
+        return None
+    sign, hours, minutes, seconds = match.groups()
+    value = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    return -value if sign else value
+
+
+class FfmpegProgress:
+    """Turns ffmpeg's `-progress` key=value blocks into progress reports."""
+
+    def __init__(self, ctx: TaskContext, duration: float | None) -> None:
+        self.ctx = ctx
+        self.duration = duration
+        self.out_time: float | None = None
+        self.speed: str | None = None
+        self.ended = False
+
+    def feed(self, line: str) -> None:
+        """One line of ffmpeg's progress output."""
+        key, _, value = line.strip().partition("=")
+        value = value.strip()
+        if key == "out_time_us" or key == "out_time_ms":
+            # Both are microseconds: "out_time_ms" is a long-standing misnomer in ffmpeg.
+            if value.lstrip("-").isdigit():
+                self.out_time = int(value) / 1_000_000
+        elif key == "out_time" and self.out_time is None:
+            self.out_time = parse_clock(value)
+        elif key == "speed":
+            self.speed = value if value not in ("", "N/A") else None
+        elif key == "progress":
+            self.ended = value == "end"
+            self._report()
+            self.out_time = None  # each block brings its own
+
+    def _report(self) -> None:
+        done = max(self.out_time or 0.0, 0.0)
+        speed = f" at {self.speed}" if self.speed else ""
+        if self.ended:
+            self.ctx.progress(100, f"{clock(self.duration or done)} encoded, finishing")
+        elif self.duration:
+            # 99 at most until ffmpeg says it has ended: the last seconds and the trailer remain.
+            percent = min(99.0, 100.0 * done / self.duration)
+            self.ctx.progress(percent, f"{clock(done)} of {clock(self.duration)}{speed}")
+        else:
+            self.ctx.progress(0, f"{clock(done)} encoded{speed}")
+
+
+class TranscodeExecutor(TaskExecutor):
+    """Transcodes a media file to MP4 with ffmpeg; pausable, cancellable, with progress."""
+
+    task_type = "TRANSCODE_MP4"
+    pausable = True
+    kill_grace = 5.0  # ffmpeg finishes the file on SIGTERM; we delete it anyway, so not long
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        """Run ffmpeg into a temporary file, then rename it to the output."""
+        try:
+            spec = TranscodeSpec.from_payload(task.payload)
+        except _process.PayloadError as exc:
+            return _process.payload_error(exc)
+        ffmpeg, ffprobe = shutil.which("ffmpeg"), shutil.which("ffprobe")
+        if ffmpeg is None:
+            return ExecuteResult(
+                error="ffmpeg is not installed (not found on PATH); install it, e.g. apt-get install ffmpeg",
+                error_type=MISSING_TOOL,
+            )
+        if ffprobe is None:
+            ctx.log.warning("ffprobe not found: progress shows the encoded time only")
+        duration = probe_duration(ffprobe, spec.input)
+        try:
+            spec.output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return ExecuteResult(error=f"cannot create {spec.output.parent}: {exc}", error_type="IO_ERROR")
+        argv = [
+            ffmpeg, "-hide_banner", "-nostdin", "-y", *spec.input_args, "-i", str(spec.input),
+            *spec.args, "-progress", "pipe:1", "-nostats", "-f", "mp4", str(spec.temporary),
+        ]
+        ctx.log.info("running %s", subprocess.list2cmdline(argv))
+        progress = FfmpegProgress(ctx, duration)
+        last_lines: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
+
+        def on_stderr(line: str) -> None:
+            print(line, file=sys.stdout)  # ffmpeg's messages go to the task's log
+            last_lines.append(line)
+
+        try:
+            outcome = _process.run(
+                ctx, argv, on_stdout=progress.feed, on_stderr=on_stderr, kill_grace=self.kill_grace
+            )
+        except _process.CommandNotStarted as exc:
+            return ExecuteResult(error=f"ffmpeg cannot be run: {exc}", error_type=MISSING_TOOL)
+        finally:
+            sys.stdout.flush()
+        if outcome.cancelled or outcome.returncode != 0:
+            spec.temporary.unlink(missing_ok=True)
+            if outcome.cancelled:
+                return _process.cancelled_result()
+            tail = "\n".join(last_lines)
+            return ExecuteResult(
+                error=f"ffmpeg failed ({_process.describe_returncode(outcome.returncode)}): {tail}",
+                error_type=FFMPEG,
+            )
+        try:
+            os.replace(spec.temporary, spec.output)
+        except OSError as exc:
+            spec.temporary.unlink(missing_ok=True)
+            return ExecuteResult(error=f"cannot rename to {spec.output}: {exc}", error_type="IO_ERROR")
+        final = probe_duration(ffprobe, spec.output) or duration
+        return ExecuteResult(result={"output": str(spec.output), "duration": final})
+
+    def can_skip(self, task: Task) -> bool:
+        """True when the output exists and is newer than the input."""
+        try:
+            spec = TranscodeSpec.from_payload(task.payload, check_input=False)
+            return spec.output.stat().st_mtime_ns > spec.input.stat().st_mtime_ns
+        except (_process.PayloadError, OSError):
+            return False

@@ -1,0 +1,353 @@
+"""The built-in DOWNLOAD executor against a local HTTP server: resume, restart, pause, cancel, verify.
+
+The server runs in a thread of the test process on 127.0.0.1 and nothing else is contacted. It can
+drop a connection at a given byte, ignore Range requests, and hold a response at a byte until the
+test opens a gate (how the tests pause and cancel mid-download without sleeping).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import http.server
+import os
+import random
+import re
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from daemon import models
+from daemon.models import TaskStatus
+from executors.download import DownloadExecutor
+from tests import media
+from tests.conftest import wait_for
+
+SIZE = 3_000_000
+HALF = SIZE // 2
+CHUNK = 64 * 1024
+DATA = random.Random(1234).randbytes(SIZE)
+DATA_SHA = media.sha256(DATA)
+
+
+class FileServer:
+    """Serves DATA at /file.bin (with Range support unless `ranges` is False); records requests."""
+
+    def __init__(self) -> None:
+        self.ranges = True
+        self.max_range: int | None = None  # answer an open range with at most this many bytes
+        self.drop_at: list[int] = []  # byte offsets at which the next response breaks off (once each)
+        self.gate_at: int | None = None  # the response waits here until `gate` is set
+        self.gate = threading.Event()
+        self.waiting = threading.Event()  # set while a response waits at the gate
+        self.statuses: dict[str, list[int]] = {"/missing": [404], "/secret": [401]}
+        self.requests: list[dict[str, Any]] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                owner.handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/file.bin") -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def ranges_requested(self) -> list[str | None]:
+        return [r["range"] for r in self.requests]
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        requested = h.headers.get("Range")
+        self.requests.append({"path": h.path, "range": requested})
+        codes = self.statuses.get(h.path)
+        if codes:
+            code = codes.pop(0) if len(codes) > 1 else codes[0]
+            if code != 200:
+                h.send_response(code)
+                h.send_header("Content-Length", "0")
+                h.send_header("Retry-After", "0")
+                h.end_headers()
+                return
+        start = 0
+        match = re.fullmatch(r"bytes=(\d+)-", requested or "")
+        if match and self.ranges:
+            start = int(match.group(1))
+            if start >= SIZE:
+                h.send_response(416)
+                h.send_header("Content-Range", f"bytes */{SIZE}")
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
+            stop = min(SIZE, start + self.max_range) if self.max_range else SIZE
+            h.send_response(206)
+            h.send_header("Content-Range", f"bytes {start}-{stop - 1}/{SIZE}")
+        else:
+            stop = SIZE
+            h.send_response(200)
+        h.send_header("Content-Length", str(stop - start))
+        h.end_headers()
+        try:
+            self._send_body(h, start, stop)
+        except OSError:
+            pass  # the client went away (cancel, pause): nothing to do
+
+    def _send_body(self, h: http.server.BaseHTTPRequestHandler, pos: int, stop: int) -> None:
+        while pos < stop:
+            stops = [stop, pos + CHUNK, *(d for d in self.drop_at if d > pos)]
+            if self.gate_at is not None and self.gate_at > pos:
+                stops.append(self.gate_at)
+            end = min(stops)
+            h.wfile.write(DATA[pos:end])
+            pos = end
+            if pos in self.drop_at:
+                self.drop_at.remove(pos)
+                h.wfile.flush()
+                h.connection.shutdown(socket.SHUT_RDWR)
+                h.close_connection = True
+                return
+            if pos == self.gate_at and not self.gate.is_set():
+                h.wfile.flush()
+                self.waiting.set()
+                self.gate.wait(20)
+
+    def close(self) -> None:
+        self.gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class QuickPauseDownload(DownloadExecutor):
+    """DOWNLOAD that closes its connection as soon as it is paused."""
+
+    pause_hold_seconds = 0.0
+
+
+@pytest.fixture
+def server() -> Iterator[FileServer]:
+    server = FileServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[media.Launcher]:
+    launcher = media.Launcher(tmp_path)
+    yield launcher
+    launcher.close()
+
+
+def payload(server: FileServer, tmp_path: Path, path: str = "/file.bin", **extra: Any) -> dict[str, Any]:
+    return {"url": server.url(path), "output": str(tmp_path / "dl" / "file.bin"), **extra}
+
+
+def outputs(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "dl" / "file.bin", tmp_path / "dl" / "file.bin.part"
+
+
+def assert_downloaded(result: dict[str, Any], tmp_path: Path) -> None:
+    output, part = outputs(tmp_path)
+    assert result["error"] is None, result
+    assert result["result"] == {"output": str(output), "bytes": SIZE, "sha256": DATA_SHA}
+    assert output.read_bytes() == DATA and not part.exists()
+
+
+# --- transfers --------------------------------------------------------------------------------------
+
+
+def test_download_with_progress_and_checksum(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
+    child = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA.upper()))
+    assert_downloaded(launcher.finish(child), tmp_path)
+    percents = media.progress_of(launcher.messages(child))
+    assert percents == sorted(percents) and percents[-1] == 100 and len(percents) > 5
+    assert server.ranges_requested() == [None]
+
+
+def test_a_dropped_connection_resumes_with_range(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
+    server.drop_at = [1_000_000, 2_000_000]
+    child = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA))
+    assert_downloaded(launcher.finish(child), tmp_path)
+    assert server.ranges_requested() == [None, "bytes=1000000-", "bytes=2000000-"]
+    assert "connection closed after 1000000 of 3000000 bytes" in child.log_path.read_text()
+
+
+def test_a_server_without_ranges_gets_the_file_from_zero(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
+    server.ranges = False
+    server.drop_at = [1_000_000]
+    child = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA))
+    assert_downloaded(launcher.finish(child), tmp_path)
+    assert server.ranges_requested() == [None, "bytes=1000000-"]  # asked, got a 200, started over
+
+
+def test_transient_http_errors_are_retried_inside_the_attempt(server: FileServer, tmp_path: Path) -> None:
+    server.statuses["/flaky"] = [503, 429, 200]
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, "/flaky"))
+    assert result.ok and result.result["sha256"] == DATA_SHA
+    assert len(server.requests) == 3
+
+
+def test_a_range_answered_in_pieces_is_completed(server: FileServer, tmp_path: Path) -> None:
+    server.max_range = 1_000_000
+    server.drop_at = [500_000]
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256=DATA_SHA))
+    assert result.ok, result
+    assert server.ranges_requested() == [None, "bytes=500000-", "bytes=1500000-", "bytes=2500000-"]
+
+
+def test_a_complete_part_file_is_finished_on_416(server: FileServer, tmp_path: Path) -> None:
+    output, part = outputs(tmp_path)
+    part.parent.mkdir()
+    part.write_bytes(DATA)
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256=DATA_SHA))
+    assert result.ok and result.result["bytes"] == SIZE and output.read_bytes() == DATA
+    assert server.ranges_requested() == [f"bytes={SIZE}-"]
+
+
+# --- pause and cancel -------------------------------------------------------------------------------
+
+
+def start_gated(server: FileServer, launcher: media.Launcher, tmp_path: Path, **launch: Any) -> Any:
+    """A download held by the server at HALF; returns once the executor has all bytes before it."""
+    server.gate_at = HALF
+    child = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA), **launch)
+    server.waiting.wait(15)
+    launcher.wait_message(child, lambda m: m["type"] == "progress" and m["percent"] >= 50)
+    return child
+
+
+def test_pause_then_resume_on_the_same_connection(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
+    child = start_gated(server, launcher, tmp_path)
+    child.pause()
+    server.gate.set()  # more data arrives; the executor takes one chunk, then sees the pause
+    launcher.wait_message(child, lambda m: m["type"] == "progress" and m["text"].startswith("paused at"))
+    output, part = outputs(tmp_path)
+    held = part.stat().st_size
+    assert HALF <= held < SIZE and not output.exists() and child.is_alive()
+    child.resume()
+    assert_downloaded(launcher.finish(child), tmp_path)
+    assert server.ranges_requested() == [None]  # a short pause keeps the connection
+
+
+def test_a_long_pause_closes_the_connection_and_resumes_with_range(
+    server: FileServer, launcher: media.Launcher, tmp_path: Path
+) -> None:
+    child = start_gated(server, launcher, tmp_path, ref="tests.test_download:QuickPauseDownload")
+    child.pause()
+    server.gate.set()
+    launcher.wait_message(child, lambda m: m["type"] == "progress" and m["text"].startswith("paused at"))
+    wait_for(lambda: "closing the connection" in child.log_path.read_text())
+    held = outputs(tmp_path)[1].stat().st_size
+    child.resume()
+    assert_downloaded(launcher.finish(child), tmp_path)
+    assert server.ranges_requested() == [None, f"bytes={held}-"]
+
+
+def test_cancel_leaves_the_part_and_the_retry_resumes_from_it(
+    server: FileServer, launcher: media.Launcher, tmp_path: Path
+) -> None:
+    child = start_gated(server, launcher, tmp_path)
+    child.request_cancel()  # the executor is blocked reading from the silent server
+    assert launcher.finish(child, timeout=10)["error_type"] == models.CANCELLED
+    output, part = outputs(tmp_path)
+    assert part.stat().st_size == HALF and not output.exists()
+    server.gate.set()
+    retry = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA), retry_count=1)
+    assert_downloaded(launcher.finish(retry), tmp_path)
+    assert server.ranges_requested() == [None, f"bytes={HALF}-"]
+    assert f"resuming from {HALF} bytes" in retry.log_path.read_text()
+
+
+# --- failures ---------------------------------------------------------------------------------------
+
+
+def test_a_checksum_mismatch_deletes_the_part(server: FileServer, tmp_path: Path) -> None:
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256="0" * 64))
+    assert result.error_type == "CHECKSUM" and f"got {DATA_SHA}" in (result.error or "")
+    assert not any(p.exists() for p in outputs(tmp_path))
+
+
+@pytest.mark.parametrize(("path", "error_type"), [("/missing", "HTTP_404"), ("/secret", models.AWAITING_CREDENTIAL)])
+def test_http_errors(server: FileServer, tmp_path: Path, path: str, error_type: str) -> None:
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, path))
+    assert result.error_type == error_type and server.url(path) in (result.error or "")
+    assert not any(p.exists() for p in outputs(tmp_path))
+    assert len(server.requests) == 1  # not retried inside the attempt
+
+
+def test_a_refused_connection_is_network_after_reconnects(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    executor = DownloadExecutor()
+    task_payload = {"url": f"http://127.0.0.1:{port}/x", "output": str(tmp_path / "x")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("executors.download.RECONNECT_DELAYS", (0.0, 0.0))
+        result, _ = media.run_inline(executor, task_payload)
+    assert result.error_type == "NETWORK" and "giving up after 3 failed connections" in (result.error or "")
+
+
+def test_a_part_locked_by_another_task_is_output_busy(server: FileServer, tmp_path: Path) -> None:
+    _, part = outputs(tmp_path)
+    part.parent.mkdir()
+    with open(part, "wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path))
+    assert result.error_type == "OUTPUT_BUSY" and server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"url": "ftp://example.org/x"}, "url must be an http(s) URL"),
+        ({"url": None}, "url (an http or https URL) is required"),
+        ({"output": "relative/file"}, "output must be an absolute path"),
+        ({"sha256": "abc"}, "sha256 must be 64 hex digits"),
+        ({"headers": {"Range": "bytes=0-"}}, "the Range header is managed by the executor"),
+        ({"headers": {"X-A": "1\r\nX-B: 2"}}, "names and values must be one-line strings"),
+        ({"size": -1}, "size must be a whole number of bytes"),
+    ],
+)
+def test_bad_payloads(server: FileServer, tmp_path: Path, bad: dict[str, Any], message: str) -> None:
+    result, _ = media.run_inline(DownloadExecutor(), {**payload(server, tmp_path), **bad})
+    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or "")
+    assert server.requests == []
+
+
+def test_can_skip(tmp_path: Path) -> None:
+    output = tmp_path / "file.bin"
+    executor = DownloadExecutor()
+
+    def skip(**extra: Any) -> bool:
+        return executor.can_skip(media.make_task("DOWNLOAD", {"url": "http://127.0.0.1:9/f", "output": str(output), **extra}))
+
+    assert not skip() and not skip(sha256=DATA_SHA)
+    output.write_bytes(DATA)
+    assert skip() and skip(sha256=DATA_SHA) and skip(size=SIZE)
+    assert not skip(sha256="0" * 64) and not skip(size=SIZE + 1) and not skip(sha256="bad")
+
+
+def test_end_to_end_through_the_supervisor(server: FileServer, tmp_path: Path) -> None:
+    sup = media.start_supervisor(tmp_path)
+    try:
+        server.drop_at = [HALF]
+        task_payload = payload(server, tmp_path, sha256=DATA_SHA)
+        task = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", task_payload))
+        assert task.status is TaskStatus.COMPLETED and task.progress == 100
+        assert task.result == {"output": task_payload["output"], "bytes": SIZE, "sha256": DATA_SHA}
+        again = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", task_payload))
+        assert again.result == {"skipped": True}
+        missing_payload = payload(server, tmp_path, "/missing", output=str(tmp_path / "missing.bin"))
+        missing = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", missing_payload, max_retries=1))
+        assert missing.status is TaskStatus.FAILED and missing.error_type == "HTTP_404" and missing.retry_count == 1
+        assert os.path.getsize(task_payload["output"]) == SIZE
+    finally:
+        sup.stop(grace=0, timeout=20)

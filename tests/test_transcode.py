@@ -1,0 +1,191 @@
+"""The built-in TRANSCODE_MP4 executor with the real ffmpeg: output, progress, pause, cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from daemon import models
+from daemon.models import TaskStatus
+from executors import transcode
+from executors.base import TaskContext
+from tests import media
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("ffmpeg") is None and os.environ.get("CI") != "true",
+    reason="ffmpeg is not installed (apt-get install ffmpeg); with CI=true these tests run regardless",
+)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-second 160x120 clip with sound, in a codec the transcode has to change (MPEG-4 part 2)."""
+    path = tmp_path_factory.mktemp("media") / "clip.mkv"
+    subprocess.run(
+        ["ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error",
+         "-f", "lavfi", "-i", "testsrc=duration=3:size=160x120:rate=25",
+         "-f", "lavfi", "-i", "sine=duration=3", "-shortest", "-c:v", "mpeg4", "-c:a", "aac", str(path)],
+        check=True, timeout=60,
+    )
+    return path
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[media.Launcher]:
+    launcher = media.Launcher(tmp_path)
+    yield launcher
+    launcher.close()
+
+
+def codec_of(path: Path) -> str:
+    out = subprocess.run(
+        ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", "stream=codec_name", "-of", "json", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return str(json.loads(out)["streams"][0]["codec_name"])
+
+
+def ffmpeg_pid(child_pid: int) -> int:
+    """The pid of the ffmpeg the executor process started."""
+    def find() -> int | None:
+        try:
+            kids = psutil.Process(child_pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        return next((p.pid for p in kids if p.name() == "ffmpeg"), None)
+
+    pid = wait_for(find)
+    assert pid is not None
+    return pid
+
+
+def test_transcode_to_mp4_with_rising_progress(launcher: media.Launcher, clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / "out" / "clip.mp4"  # the directory is created
+    child = launcher.launch("TRANSCODE_MP4", {"input": str(clip), "output": str(output)})
+    result = launcher.finish(child)
+    assert result["error"] is None, result
+    assert result["result"]["output"] == str(output)
+    assert result["result"]["duration"] == pytest.approx(3.0, abs=0.2)
+    assert codec_of(output) == "h264"
+    assert not (tmp_path / "out" / "clip.tmp.mp4").exists()
+    percents = media.progress_of(launcher.messages(child))
+    assert percents and percents == sorted(percents) and percents[-1] == 100
+    log = child.log_path.read_text()
+    assert "-progress pipe:1" in log and "Output #0, mp4" in log  # the command and ffmpeg's own lines
+
+
+def test_cancel_mid_way_leaves_no_partial_output(launcher: media.Launcher, clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / "clip.mp4"
+    # -re reads the input in real time: three seconds of work, plenty to cancel in.
+    child = launcher.launch("TRANSCODE_MP4", {"input": str(clip), "output": str(output), "input_args": ["-re"]})
+    launcher.wait_message(child, lambda m: m["type"] == "progress")
+    ffmpeg = ffmpeg_pid(child.pid)
+    assert (tmp_path / "clip.tmp.mp4").exists()
+    child.request_cancel()
+    assert launcher.finish(child)["error_type"] == models.CANCELLED
+    assert media.gone(ffmpeg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_pause_stops_ffmpeg_and_resume_completes(launcher: media.Launcher, clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / "clip.mp4"
+    child = launcher.launch("TRANSCODE_MP4", {"input": str(clip), "output": str(output), "input_args": ["-re"]})
+    launcher.wait_message(child, lambda m: m["type"] == "progress")
+    ffmpeg = ffmpeg_pid(child.pid)
+    child.pause()
+    wait_for(lambda: media.is_stopped(ffmpeg))
+    child.resume()
+    wait_for(lambda: not media.is_stopped(ffmpeg))
+    result = launcher.finish(child)
+    assert result["error"] is None and output.exists() and codec_of(output) == "h264"
+
+
+def test_an_ffmpeg_failure_reports_its_last_lines(clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / "clip.mp4"
+    result, _ = media.run_inline(
+        transcode.TranscodeExecutor(),
+        {"input": str(clip), "output": str(output), "args": ["-c:v", "fredica_no_such_codec"]},
+    )
+    assert result.error_type == "FFMPEG"
+    error = result.error or ""
+    assert error.startswith("ffmpeg failed (exit code") and "fredica_no_such_codec" in error
+    assert not output.exists() and not (tmp_path / "clip.tmp.mp4").exists()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"input": "{tmp}/missing.mkv", "output": "{tmp}/out.mp4"}, "input file not found"),
+        ({"output": "{tmp}/out.mp4"}, "input (an absolute file path) is required"),
+        ({"input": "{clip}", "output": "relative.mp4"}, "output must be an absolute path"),
+        ({"input": "{clip}", "output": "{clip}"}, "input and output are the same file"),
+        ({"input": "{clip}", "output": "{tmp}/out.mp4", "args": "-c:v libx264"}, "args must be a list of strings"),
+        ({"input": "{clip}", "output": "{tmp}"}, "output is a directory"),
+    ],
+)
+def test_bad_payloads_are_payload_errors(payload: dict[str, str], message: str, clip: Path, tmp_path: Path) -> None:
+    filled = {k: v.replace("{tmp}", str(tmp_path)).replace("{clip}", str(clip)) if isinstance(v, str) else v
+              for k, v in payload.items()}
+    result, _ = media.run_inline(transcode.TranscodeExecutor(), filled)
+    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or "")
+
+
+def test_missing_ffmpeg_is_missing_tool(clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result, _ = media.run_inline(
+        transcode.TranscodeExecutor(), {"input": str(clip), "output": str(tmp_path / "out.mp4")}
+    )
+    assert result.error_type == "MISSING_TOOL" and "ffmpeg is not installed" in (result.error or "")
+
+
+def test_can_skip_only_when_the_output_is_newer(clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / "clip.mp4"
+    task = media.make_task("TRANSCODE_MP4", {"input": str(clip), "output": str(output)})
+    executor = transcode.TranscodeExecutor()
+    assert not executor.can_skip(task)
+    output.write_bytes(b"pretend")
+    stamp = clip.stat().st_mtime
+    os.utime(output, (stamp + 10, stamp + 10))
+    assert executor.can_skip(task)
+    os.utime(output, (stamp - 10, stamp - 10))
+    assert not executor.can_skip(task)
+    assert not executor.can_skip(media.make_task("TRANSCODE_MP4", {"input": 3}))
+
+
+def test_progress_lines_become_percentages() -> None:
+    cancel, resume = threading.Event(), threading.Event()
+    sink = media.Recorder()
+    ctx = TaskContext(media.make_task("TRANSCODE_MP4"), sink, cancel, resume)  # type: ignore[arg-type]
+    progress = transcode.FfmpegProgress(ctx, duration=10.0)
+    for line in ["frame=1", "out_time_us=N/A", "progress=continue", "out_time_ms=2500000", "speed=2.1x",
+                 "progress=continue", "out_time=00:00:07.500000", "progress=continue", "progress=end"]:
+        progress.feed(line)
+    assert [(m["percent"], m["text"]) for m in sink.messages] == [
+        (0, "00:00:00 of 00:00:10"),
+        (25, "00:00:02 of 00:00:10 at 2.1x"),
+        (75, "00:00:07 of 00:00:10 at 2.1x"),
+        (100, "00:00:10 encoded, finishing"),
+    ]
+    assert transcode.parse_clock("01:02:03.5") == 3723.5 and transcode.parse_clock("N/A") is None
+
+
+def test_end_to_end_through_the_supervisor(clip: Path, tmp_path: Path) -> None:
+    sup = media.start_supervisor(tmp_path)
+    try:
+        payload = {"input": str(clip), "output": str(tmp_path / "clip.mp4")}
+        task = media.wait_ended(sup, media.submit(sup, "TRANSCODE_MP4", payload))
+        assert task.status is TaskStatus.COMPLETED and task.progress == 100
+        assert task.result["output"] == payload["output"] and task.result["duration"] > 2.5
+        again = media.wait_ended(sup, media.submit(sup, "TRANSCODE_MP4", payload))
+        assert again.status is TaskStatus.COMPLETED and again.result == {"skipped": True}
+    finally:
+        sup.stop(grace=0, timeout=20)
