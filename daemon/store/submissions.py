@@ -1,0 +1,159 @@
+"""Submitting a workflow run with its tasks: validation against stored tasks, idempotency, edges.
+
+Part of the task repository (`tasks` re-exports `submit`), kept apart because it is the one path
+that inserts tasks; everything else there changes tasks that exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import uuid
+from typing import Sequence
+
+from daemon.errors import SubmissionRefused
+from daemon.models import TaskStatus
+from daemon.store import runs
+from daemon.store.db import write
+from daemon.submission import TaskSpec, resolve_batch
+
+# Spelled exactly as in the partial index `task_active_idempotency`: SQLite matches the upsert's
+# conflict target against the index's WHERE clause term by term.
+ACTIVE_SQL = "'pending', 'claimed', 'running'"
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedTask:
+    """One spec's outcome: the id it resolved to, and whether a new task was stored for it."""
+
+    id: str
+    created: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """The outcome of a submission; `run_id` is None when every spec was a duplicate."""
+
+    run_id: str | None
+    tasks: tuple[SubmittedTask, ...]
+
+def submit(
+    conn: sqlite3.Connection,
+    specs: Sequence[TaskSpec],
+    *,
+    now: float,
+    template: str = "adhoc",
+    material_id: str | None = None,
+) -> Submission:
+    """Store a workflow run with `specs` as its tasks, atomically (SPEC §5, §10).
+
+    A spec whose idempotency key is held by an active task is not stored: it resolves to that task,
+    and later specs depending on it depend on that task. Anything invalid refuses the whole batch.
+    """
+    resolved = resolve_batch(specs)
+    with write(conn):
+        external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
+        run_id = runs.create(conn, template=template, material_id=material_id, now=now)
+        outcomes: list[SubmittedTask] = []
+        # (seq, status) of each spec's task, for dependencies inside the batch.
+        batch: list[tuple[int, TaskStatus]] = []
+        for spec, deps in zip(specs, resolved):
+            # Two references can name one task (an earlier line's key and its id, or a line that
+            # resolved to an existing task and that task's id): it is one dependency.
+            by_id: dict[str, tuple[int, TaskStatus]] = {}
+            for d in deps:
+                if d.task_id is None:
+                    by_id.setdefault(outcomes[d.batch_index].id, batch[d.batch_index])
+                else:
+                    by_id.setdefault(d.task_id, external[d.task_id])
+            upstream, upstream_ids = list(by_id.values()), list(by_id)
+            inserted = _insert(conn, spec, run_id, upstream, upstream_ids, material_id, now)
+            if inserted is None:
+                existing = _active_with_key(conn, spec.idempotency_key)
+                outcomes.append(SubmittedTask(existing["id"], created=False))
+                batch.append((existing["seq"], TaskStatus(existing["status"])))
+            else:
+                outcomes.append(SubmittedTask(inserted[1], created=True))
+                batch.append((inserted[0], TaskStatus.PENDING))
+        created = sum(o.created for o in outcomes)
+        if created:
+            runs.add_tasks(conn, run_id, created, now)
+        else:
+            runs.delete_empty(conn, run_id)
+    return Submission(run_id if created else None, tuple(outcomes))
+
+
+def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[str, tuple[int, TaskStatus]]:
+    found: dict[str, tuple[int, TaskStatus]] = {}
+    ids = sorted(task_ids)
+    for start in range(0, len(ids), 500):  # stay below SQLite's bound-parameter limit
+        chunk = ids[start : start + 500]
+        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})"
+        for row in conn.execute(sql, chunk):
+            found[row["id"]] = (row["seq"], TaskStatus(row["status"]))
+    for task_id in ids:
+        if task_id not in found:
+            raise SubmissionRefused(f"unknown dependency {task_id}: no task or earlier line has that id or key")
+        status = found[task_id][1]
+        if status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            raise SubmissionRefused(f"dependency {task_id} is {status}: the task could never run")
+    return found
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    spec: TaskSpec,
+    run_id: str,
+    upstream: list[tuple[int, TaskStatus]],
+    upstream_ids: list[str],
+    run_material_id: str | None,
+    now: float,
+) -> tuple[int, str] | None:
+    """Insert one task; None when an active task holds its idempotency key."""
+    task_id = spec.id or str(uuid.uuid4())
+    unmet = sum(status is not TaskStatus.COMPLETED for _, status in upstream)
+    try:
+        row = conn.execute(
+            f"""
+            INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
+                payload, idempotency_key, max_retries, timeout, unmet_deps, created_at)
+            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
+            RETURNING seq
+            """,
+            (
+                task_id,
+                spec.type,
+                run_id,
+                spec.material_id or run_material_id,
+                spec.priority,
+                json.dumps(upstream_ids),
+                json.dumps(spec.payload),
+                spec.idempotency_key,
+                spec.max_retries,
+                spec.timeout,
+                unmet,
+                now,
+            ),
+        ).fetchone()
+    except sqlite3.IntegrityError as exc:
+        raise SubmissionRefused(f"task id {task_id} is already taken") from exc
+    if row is None:
+        return None
+    seq = row[0]
+    conn.executemany(
+        "INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq) VALUES (?, ?)",
+        [(up_seq, seq) for up_seq, _ in upstream],
+    )
+    return seq, task_id
+
+
+def _active_with_key(conn: sqlite3.Connection, key: str | None) -> sqlite3.Row:
+    row = conn.execute(
+        f"SELECT id, seq, status FROM task WHERE idempotency_key = ? AND status IN ({ACTIVE_SQL})",
+        (key,),
+    ).fetchone()
+    assert row is not None, "the insert conflicted, so an active task holds the key"
+    return row
