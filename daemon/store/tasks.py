@@ -181,7 +181,7 @@ def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int])
     conn.executemany(
         """
         UPDATE task SET unmet_deps = unmet_deps - 1
-        WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?)
+        WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?) AND status = 'pending'
         """,
         [(seq,) for seq in completed_seqs],
     )
@@ -257,7 +257,10 @@ def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
     with write(conn):
         # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
         conn.execute(
-            "UPDATE task SET not_before = 0 WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
+            # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e. every
+            # pending task, blocked ones included, on every claim.
+            "UPDATE task INDEXED BY task_delayed SET not_before = 0"
+            " WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
             (now,),
         )
         row = conn.execute(
