@@ -105,7 +105,8 @@ class Supervisor:
                     raise templates.TemplateError(
                         f"template {template.name}, task {task.name}: no executor for type {task.spec.type}"
                     )
-        self.context = children.make_context(settings.start_method)
+        executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
+        self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
         self.started_at = clock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
