@@ -194,6 +194,9 @@ class Supervisor:
         self._loop_ident = threading.get_ident()
         try:
             while True:
+                # Requests first, then the clock: a task submitted by a request is stamped before
+                # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
+                self._run_calls()
                 now = self.clock()
                 if self._stop_requested.is_set() and self._shutdown_deadline is None:
                     self._shutdown_deadline = now + self._pending_grace
@@ -227,11 +230,10 @@ class Supervisor:
 
     def tick(self, now: float) -> float:
         """One pass of the loop; returns how long the loop may sleep before the next one."""
-        self._run_calls()
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if not rt.child.is_alive():
+            if self._has_exited(rt):
                 self._guard(rt, self._finish, rt, now)
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
@@ -254,6 +256,17 @@ class Supervisor:
             f"{state}: {len(self.running)}/{self.settings.max_workers} workers busy; since start "
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
         )
+
+    @staticmethod
+    def _has_exited(rt: RunningTask) -> bool:
+        if not rt.child.is_alive():
+            return True
+        if mp_connection.wait([rt.child.sentinel], 0):
+            # The sentinel fires a moment before the process can be reaped (spawn children are
+            # still in their exit path): wait for it here rather than spin the loop until then.
+            rt.child.reap(0.1)
+            return not rt.child.is_alive()
+        return False
 
     def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any) -> None:
         """Executor misbehaviour (and our own bugs around it) must never stop the loop."""

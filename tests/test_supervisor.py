@@ -130,6 +130,8 @@ def test_success_result_is_read_downstream(make_supervisor: Callable[..., Superv
     assert downstream.status is TaskStatus.COMPLETED
     assert downstream.result == {"upstream": {first: upstream.result}}
     assert downstream.started_at >= upstream.completed_at
+    for task in (upstream, downstream):
+        assert task.created_at <= task.claimed_at <= task.started_at <= task.completed_at
     run = sup.call(lambda: runs.get(sup.conn, submission.run_id))
     assert run.status is models.RunStatus.COMPLETED and run.done_tasks == 2 and run.completed_at
 
