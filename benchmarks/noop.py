@@ -1,0 +1,19 @@
+"""A real executor that does nothing: measures the cost of the machinery around a task."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from executors.base import ExecuteResult, TaskContext, TaskExecutor
+
+if TYPE_CHECKING:
+    from daemon.models import Task
+
+
+class Noop(TaskExecutor):
+    """Completes at once with an empty result."""
+
+    task_type = "NOOP"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result={})
