@@ -8,6 +8,7 @@ transaction as every task transition (`shift_counts`), and the status is derived
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sqlite3
 import uuid
 from typing import Iterable
@@ -104,10 +105,15 @@ def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float)
         _write_status(conn, run, run.counts, now)
 
 
-def _write_status(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> None:
-    status = scheduler.run_status(counts)
-    # `completed_at`: set once the run has no active task left, kept from then on.
+def _derived(run: WorkflowRun, counts: RunCounts, now: float) -> tuple[RunStatus, float | None]:
+    """The status and `completed_at` that `counts` imply; `completed_at` is set once the run has no
+    active task left, and kept from then on."""
     completed_at = (now if run.completed_at is None else run.completed_at) if counts.active == 0 else None
+    return scheduler.run_status(counts), completed_at
+
+
+def _write_status(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> None:
+    status, completed_at = _derived(run, counts, now)
     if status is not run.status or completed_at != run.completed_at:
         conn.execute(
             "UPDATE workflow_run SET status = ?, completed_at = ? WHERE id = ?",
@@ -127,41 +133,51 @@ def counts_from_tasks(conn: sqlite3.Connection, run_id: str) -> RunCounts:
 def recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
     """Rebuild the run's counters and status from its tasks; used by reconciliation."""
     with write(conn):
-        return _recompute(conn, run_id, now)
+        return _apply_counts(conn, get(conn, run_id), counts_from_tasks(conn, run_id), now)
 
 
-def _recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
-    run = get(conn, run_id)
-    counts = counts_from_tasks(conn, run_id)
+def _apply_counts(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> WorkflowRun:
+    """Store `counts` and the status they imply, if they differ from what the row holds."""
+    status, completed_at = _derived(run, counts, now)
+    if counts == run.counts and status is run.status and completed_at == run.completed_at:
+        return run
     conn.execute(
         """
-        UPDATE workflow_run SET total_tasks = ?, pending_tasks = ?, claimed_tasks = ?,
-            running_tasks = ?, done_tasks = ?, failed_tasks = ?, cancelled_tasks = ?
+        UPDATE workflow_run SET total_tasks = ?, pending_tasks = ?, claimed_tasks = ?, running_tasks = ?,
+            done_tasks = ?, failed_tasks = ?, cancelled_tasks = ?, status = ?, completed_at = ?
         WHERE id = ?
         """,
-        (
-            counts.total,
-            counts.pending,
-            counts.claimed,
-            counts.running,
-            counts.completed,
-            counts.failed,
-            counts.cancelled,
-            run_id,
-        ),
+        (counts.total, counts.pending, counts.claimed, counts.running, counts.completed, counts.failed,
+         counts.cancelled, status.value, completed_at, run.id),
     )
-    _write_status(conn, run, counts, now)
-    return get(conn, run_id)
+    return dataclasses.replace(
+        run, counts=counts, status=status, total_tasks=counts.total, done_tasks=counts.completed,
+        completed_at=completed_at,
+    )
 
 
 def reconcile_non_terminal(conn: sqlite3.Connection, now: float) -> list[WorkflowRun]:
-    """Recompute every run whose stored status is not terminal (SPEC §9 step 6)."""
+    """Recompute every run whose stored status is not terminal (SPEC §9 step 6); returns them as
+    they are afterwards. One grouped scan of their tasks, then writes only where the row was wrong."""
     placeholders = ", ".join("?" * len(NON_TERMINAL_RUN_STATUSES))
-    run_ids = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT id FROM workflow_run WHERE status IN ({placeholders})", NON_TERMINAL_RUN_STATUSES
-        )
-    ]
     with write(conn):
-        return [_recompute(conn, run_id, now) for run_id in run_ids]
+        by_run: dict[str, dict[str, int]] = {}
+        for run_id, task_status, count in conn.execute(
+            f"""
+            SELECT workflow_run.id, task.status, count(task.seq)
+            FROM workflow_run LEFT JOIN task ON task.workflow_run_id = workflow_run.id
+            WHERE workflow_run.status IN ({placeholders})
+            GROUP BY workflow_run.id, task.status
+            """,
+            NON_TERMINAL_RUN_STATUSES,
+        ):
+            counts = by_run.setdefault(run_id, {})
+            if task_status is not None:
+                counts[TaskStatus(task_status).value] = count
+        stored = conn.execute(
+            f"SELECT * FROM workflow_run WHERE status IN ({placeholders})", NON_TERMINAL_RUN_STATUSES
+        ).fetchall()
+        return [
+            _apply_counts(conn, run, RunCounts(**by_run.get(run.id, {})), now)
+            for run in map(WorkflowRun.from_row, stored)
+        ]

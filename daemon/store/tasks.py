@@ -102,11 +102,14 @@ def _transition(
     now: float,
     fields: Mapping[str, Any] | None = None,
     cascade: bool = True,
+    snapshots: bool = True,
 ) -> list[Task]:
     """Move the given task rows (seq, id, status, workflow_run_id) to `target`; all or nothing.
 
     Each row's status must be an allowed source of `target` (SPEC §3), and the UPDATE re-checks it,
-    so a row that changed under us makes the whole call fail rather than half-apply.
+    so a row that changed under us makes the whole call fail rather than half-apply. Returns the
+    updated tasks, or nothing with `snapshots=False` (a cascade over 100,000 tasks would otherwise
+    read back and parse every row it just wrote).
     """
     fields = dict(fields or {})
     unexpected = set(fields) - TRANSITION_FIELDS
@@ -142,18 +145,23 @@ def _transition(
     source_sql = ", ".join(f"'{s.value}'" for s in sources)
     params = {**assignments, "now": now}
     updated: list[Task] = []
+    changed = 0
+    returning = " RETURNING *" if snapshots else ""
     for start in range(0, len(seqs), 500):
         chunk = seqs[start : start + 500]
         marks = ", ".join(f":s{i}" for i in range(len(chunk)))
         params_chunk = {**params, **{f"s{i}": seq for i, seq in enumerate(chunk)}}
-        updated += [
-            Task.from_row(r)
-            for r in conn.execute(
-                f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status IN ({source_sql}) RETURNING *",
-                params_chunk,
-            )
-        ]
-    if len(updated) != len(rows):
+        cursor = conn.execute(
+            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status IN ({source_sql}){returning}",
+            params_chunk,
+        )
+        if snapshots:
+            batch = [Task.from_row(r) for r in cursor]
+            updated += batch
+            changed += len(batch)
+        else:
+            changed += cursor.rowcount
+    if changed != len(rows):
         # The guard caught a row whose status moved since it was read: undo by failing the caller's
         # transaction (every caller runs inside `write`).
         raise InvalidTransition(rows[0]["id"], str(rows[0]["status"]), target.value,
@@ -217,6 +225,7 @@ def _cascade_cancel(conn: sqlite3.Connection, ended: Sequence[Mapping[str, Any]]
                 },
                 # The recursive query already reached every descendant.
                 cascade=False,
+                snapshots=False,
             )
 
 
