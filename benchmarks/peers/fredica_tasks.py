@@ -1,0 +1,26 @@
+"""fredica-worker's side of W2: a no-op executor that records when it started running.
+
+`execute` reads `time.time()` first and returns it as the task's result, so W2 measures the same
+thing for every system: start time recorded inside the task minus the client's `time.time()`
+just before submitting. (benchmarks/noop.py's `Noop` is used for W1 and W3.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from executors.base import ExecuteResult, TaskContext, TaskExecutor
+
+if TYPE_CHECKING:
+    from daemon.models import Task
+
+
+class Stamp(TaskExecutor):
+    """Completes at once; its result is {"started": time.time() at the start of execute}."""
+
+    task_type = "NOOP"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        started = time.time()
+        return ExecuteResult(result={"started": started})
