@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import logging
 import os
 import queue
 import threading
@@ -24,10 +23,11 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, models, scheduler, templates
+from daemon import children, models, running, scheduler, templates
 from daemon.config import Settings
 from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
+from daemon.running import RunningTask
 from daemon.notify import Notifier
 from daemon.scheduler import Action
 from daemon.store import db, runs, tasks
@@ -41,35 +41,6 @@ T = TypeVar("T")
 # Messages read from one child per tick: enough to keep up with any honest executor, small enough
 # that a child flooding its channel cannot starve the others or the loop.
 DRAIN_LIMIT = 2000
-
-
-@dataclasses.dataclass
-class RunningTask:
-    """The supervisor's view of a task whose executor process is alive (or just ended)."""
-
-    task: Task
-    child: children.ExecutorProcess
-    executor: TaskExecutor
-    started_at: float
-    result: ExecuteResult | None = None
-    progress: tuple[int, str | None] | None = None  # latest value not yet written
-    progress_written_at: float = 0.0
-    stop_reason: str | None = None  # "cancel", "timeout" or "shutdown"
-    stop_requested_at: float | None = None
-    terminated_at: float | None = None
-    killed: bool = False
-    paused_since: float | None = None
-    paused_seconds: float = 0.0
-    channel_open: bool = True
-
-    @property
-    def log(self) -> Any:
-        return log.bind(task_id=self.task.id, run_id=self.task.workflow_run_id, type=self.task.type)
-
-    def active_seconds(self, now: float) -> float:
-        """Seconds the task has run, not counting time spent paused (timeouts use this)."""
-        paused = self.paused_seconds + (now - self.paused_since if self.paused_since is not None else 0.0)
-        return now - self.started_at - paused
 
 
 class ShuttingDown(FredicaError):
@@ -233,7 +204,7 @@ class Supervisor:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if self._has_exited(rt):
+            if rt.has_exited():
                 self._guard(rt, self._finish, rt, now)
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
@@ -256,17 +227,6 @@ class Supervisor:
             f"{state}: {len(self.running)}/{self.settings.max_workers} workers busy; since start "
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
         )
-
-    @staticmethod
-    def _has_exited(rt: RunningTask) -> bool:
-        if not rt.child.is_alive():
-            return True
-        if mp_connection.wait([rt.child.sentinel], 0):
-            # The sentinel fires a moment before the process can be reaped (spawn children are
-            # still in their exit path): wait for it here rather than spin the loop until then.
-            rt.child.reap(0.1)
-            return not rt.child.is_alive()
-        return False
 
     def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any) -> None:
         """Executor misbehaviour (and our own bugs around it) must never stop the loop."""
@@ -306,13 +266,7 @@ class Supervisor:
         if ready_at is not None and len(self.running) < s.max_workers:
             deadlines.append(ready_at)
         for rt in self.running.values():
-            if rt.progress is not None:
-                deadlines.append(rt.progress_written_at + s.progress_interval)
-            if rt.stop_requested_at is not None and not rt.killed:
-                base = rt.terminated_at if rt.terminated_at is not None else rt.stop_requested_at
-                deadlines.append(base + s.cancel_grace)
-            elif rt.task.timeout is not None and rt.paused_since is None:
-                deadlines.append(now + rt.task.timeout - rt.active_seconds(now))
+            deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
         if self._shutdown_deadline is not None:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()
@@ -386,14 +340,13 @@ class Supervisor:
             tasks.set_pausable(self.conn, task_id, bool(message.get("pausable")))
         elif kind == "pause_request":
             tasks.set_paused(self.conn, task_id, True)
-            if rt.paused_since is None:
-                rt.paused_since = now
+            rt.note_paused(now)
             rt.log.info("task_paused", by="executor", reason=message.get("reason"))
         elif kind == "resume_request":
             self._mark_resumed(rt, now)
             rt.log.info("task_resumed", by="executor")
         elif kind == "log":
-            rt.log.log(_level(message.get("level")), "executor_log", message=str(message.get("message")))
+            rt.log.log(running.log_level(message.get("level")), "executor_log", message=str(message.get("message")))
         elif kind == "result":
             rt.result = ExecuteResult(
                 result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
@@ -403,9 +356,7 @@ class Supervisor:
 
     def _mark_resumed(self, rt: RunningTask, now: float) -> None:
         tasks.set_paused(self.conn, rt.task.id, False)
-        if rt.paused_since is not None:
-            rt.paused_seconds += now - rt.paused_since
-            rt.paused_since = None
+        rt.note_resumed(now)
 
     def _flush_progress(self, now: float, only: RunningTask | None = None) -> None:
         due = [
@@ -546,14 +497,7 @@ class Supervisor:
             if rt.task.timeout is not None and rt.active_seconds(now) >= rt.task.timeout:
                 self._request_stop(rt.task.id, "timeout", now)
             return
-        if rt.terminated_at is None and now >= rt.stop_requested_at + grace:
-            rt.log.warning("executor_terminated", after=grace)
-            rt.child.terminate_tree()
-            rt.terminated_at = now
-        elif rt.terminated_at is not None and not rt.killed and now >= rt.terminated_at + grace:
-            rt.log.warning("executor_killed", after=grace)
-            rt.child.kill_tree()
-            rt.killed = True
+        rt.escalate(now, grace)
 
     def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
         task = tasks.get(self.conn, task_id)
@@ -568,7 +512,7 @@ class Supervisor:
                 raise NotPausable(f"task {task_id} is already paused")
             rt.child.pause()
             tasks.set_paused(self.conn, task_id, True)
-            rt.paused_since = now
+            rt.note_paused(now)
             rt.log.info("task_paused", by="user")
         else:
             if not task.is_paused:
@@ -584,7 +528,3 @@ class Supervisor:
         for task_id in list(self.running):
             self._request_stop(task_id, "shutdown", now)
 
-
-def _level(name: Any) -> int:
-    level = logging.getLevelName(str(name).upper()) if name is not None else logging.INFO
-    return level if isinstance(level, int) else logging.INFO

@@ -1,0 +1,99 @@
+"""The supervisor's view of one running attempt: its process, its timers and its stop escalation.
+
+No database here: the supervisor records what these objects decide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from multiprocessing import connection as mp_connection
+from typing import Any
+
+import structlog
+
+from daemon import children
+from daemon.models import Task
+from executors.base import ExecuteResult, TaskExecutor
+
+log = structlog.get_logger("fredica.supervisor")
+
+
+@dataclasses.dataclass
+class RunningTask:
+    """A task whose executor process is alive (or has just ended and is being finished)."""
+
+    task: Task
+    child: children.ExecutorProcess
+    executor: TaskExecutor
+    started_at: float
+    result: ExecuteResult | None = None
+    progress: tuple[int, str | None] | None = None  # latest value not yet written
+    progress_written_at: float = 0.0
+    stop_reason: str | None = None  # "cancel", "timeout" or "shutdown"
+    stop_requested_at: float | None = None
+    terminated_at: float | None = None
+    killed: bool = False
+    paused_since: float | None = None
+    paused_seconds: float = 0.0
+    channel_open: bool = True
+
+    @property
+    def log(self) -> Any:
+        return log.bind(task_id=self.task.id, run_id=self.task.workflow_run_id, type=self.task.type)
+
+    def active_seconds(self, now: float) -> float:
+        """Seconds the task has run, not counting time spent paused (timeouts use this)."""
+        paused = self.paused_seconds + (now - self.paused_since if self.paused_since is not None else 0.0)
+        return now - self.started_at - paused
+
+    def note_paused(self, now: float) -> None:
+        if self.paused_since is None:
+            self.paused_since = now
+
+    def note_resumed(self, now: float) -> None:
+        if self.paused_since is not None:
+            self.paused_seconds += now - self.paused_since
+            self.paused_since = None
+
+    def has_exited(self) -> bool:
+        """True once the executor process has ended and been reaped."""
+        if not self.child.is_alive():
+            return True
+        if mp_connection.wait([self.child.sentinel], 0):
+            # The sentinel fires a moment before the process can be reaped (spawn children are
+            # still in their exit path): wait for it here rather than spin the loop until then.
+            self.child.reap(0.1)
+            return not self.child.is_alive()
+        return False
+
+    def escalate(self, now: float, grace: float) -> None:
+        """After a stop request: SIGTERM the process tree `grace` seconds later, SIGKILL as long after."""
+        if self.stop_requested_at is None:
+            return
+        if self.terminated_at is None and now >= self.stop_requested_at + grace:
+            self.log.warning("executor_terminated", after=grace)
+            self.child.terminate_tree()
+            self.terminated_at = now
+        elif self.terminated_at is not None and not self.killed and now >= self.terminated_at + grace:
+            self.log.warning("executor_killed", after=grace)
+            self.child.kill_tree()
+            self.killed = True
+
+    def deadlines(self, now: float, progress_interval: float, grace: float) -> list[float]:
+        """When the loop must look at this task again (progress flush, escalation, timeout)."""
+        due = []
+        if self.progress is not None:
+            due.append(self.progress_written_at + progress_interval)
+        if self.stop_requested_at is not None and not self.killed:
+            base = self.terminated_at if self.terminated_at is not None else self.stop_requested_at
+            due.append(base + grace)
+        elif self.task.timeout is not None and self.paused_since is None:
+            due.append(now + self.task.timeout - self.active_seconds(now))
+        return due
+
+
+def log_level(name: Any) -> int:
+    """The logging level an executor's forwarded log line names (INFO if it names none)."""
+    level = logging.getLevelName(str(name).upper()) if name is not None else logging.INFO
+    return level if isinstance(level, int) else logging.INFO
