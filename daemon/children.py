@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import time
+from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -196,25 +197,26 @@ class ExecutorProcess:
         return None
 
 
-def spawn(
-    task: Task,
-    executor_ref: str,
-    upstream: Mapping[str, Any],
-    log_path: Path,
-    *,
-    context: ExecutorContext,
-) -> ExecutorProcess:
-    """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+@dataclasses.dataclass(eq=False)
+class _Started:
+    process: BaseProcess
+    status: endpoint.StatusReader
+    cancel_event: Event
+    resume_event: Event
+    pid: int
+    create_time: float | None
+
+
+def _start_process(context: ExecutorContext, target: Any, args: tuple[Any, ...], name: str) -> _Started:
+    """Start `target(*args, status_writer, cancel_event, resume_event)` in a fresh process."""
     reader, writer = context.Pipe(duplex=False)
     cancel_event = context.Event()
     resume_event = context.Event()
     resume_event.set()  # set = running; a pause clears it
     process = context.Process(
-        target=endpoint.run,
-        args=(task, executor_ref, dict(upstream), str(log_path), writer, cancel_event, resume_event),
-        name=f"fredica-task-{task.id}",
+        target=target,
+        args=(*args, writer, cancel_event, resume_event),
+        name=name,
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
         daemon=False,
@@ -233,17 +235,88 @@ def spawn(
         create_time: float | None = psutil.Process(pid).create_time()
     except psutil.Error:
         create_time = None
+    return _Started(process, endpoint.StatusReader(reader), cancel_event, resume_event, pid, create_time)
+
+
+def _executor_process(started: _Started, task_id: str, log_path: Path) -> ExecutorProcess:
     return ExecutorProcess(
-        task_id=task.id,
-        process=process,
-        status=endpoint.StatusReader(reader),
-        cancel_event=cancel_event,
-        resume_event=resume_event,
-        pid=pid,
-        create_time=create_time,
+        task_id=task_id,
+        process=started.process,
+        status=started.status,
+        cancel_event=started.cancel_event,
+        resume_event=started.resume_event,
+        pid=started.pid,
+        create_time=started.create_time,
         log_path=log_path,
         started=time.monotonic(),
     )
+
+
+def spawn(
+    task: Task,
+    executor_ref: str,
+    upstream: Mapping[str, Any],
+    log_path: Path,
+    *,
+    context: ExecutorContext,
+) -> ExecutorProcess:
+    """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = _start_process(
+        context, endpoint.run, (task, executor_ref, dict(upstream), str(log_path)), f"fredica-task-{task.id}"
+    )
+    return _executor_process(started, task.id, log_path)
+
+
+@dataclasses.dataclass(eq=False)
+class Spare:
+    """A fresh executor process started ahead of time, waiting for the one task it will run.
+
+    Starting a process costs milliseconds (the fork server's round trip, the child's set-up);
+    a spare pays them before the task exists, so dispatch is one message. It still runs exactly one
+    task and exits, so isolation is the same as with `spawn`.
+    """
+
+    started: _Started
+    assignment: Connection  # our end of the pipe the task is sent on
+
+    def is_alive(self) -> bool:
+        return self.started.process.is_alive()
+
+    def assign(
+        self, task: Task, executor_ref: str, upstream: Mapping[str, Any], log_path: Path
+    ) -> ExecutorProcess:
+        """Hand the spare its task; OSError if the spare has died meanwhile."""
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.assignment.send((task, executor_ref, dict(upstream), str(log_path)))
+        finally:
+            self.assignment.close()
+        return _executor_process(self.started, task.id, log_path)
+
+    def close(self) -> None:
+        """Dismiss an unused spare: it exits when its assignment pipe closes."""
+        self.assignment.close()
+        self.started.process.join(2.0)
+        if self.started.process.is_alive():
+            self.started.process.kill()
+            self.started.process.join(2.0)
+        self.started.status.close()
+
+
+def start_spare(context: ExecutorContext) -> Spare:
+    """Start a spare executor process (see `Spare`)."""
+    task_reader, task_writer = context.Pipe(duplex=False)
+    try:
+        started = _start_process(context, endpoint.run_spare, (task_reader,), "fredica-spare")
+    except BaseException:
+        task_writer.close()
+        raise
+    finally:
+        task_reader.close()
+    return Spare(started, task_writer)
 
 
 def find_leftover(pid: int, create_time: float) -> psutil.Process | None:

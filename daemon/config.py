@@ -54,6 +54,7 @@ class Settings:
     synchronous: str = "normal"
     progress_interval: float = 0.5
     heartbeat_interval: float = 5.0
+    warm_spare: bool = True
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -94,6 +95,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "synchronous": (str, (lambda v: v.lower() in ("normal", "full"), 'must be "normal" or "full"')),
     "progress_interval": ((int, float), _NON_NEGATIVE),
     "heartbeat_interval": ((int, float), _POSITIVE),
+    "warm_spare": (bool, None),
 }
 RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),
@@ -104,8 +106,8 @@ SECTIONS = {"daemon", "retry", "executors", "templates"}
 
 def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
     kind, extra = spec
-    if isinstance(value, bool) or not isinstance(value, kind):
-        noun = {int: "an integer", str: "a string"}.get(kind, "a number")  # type: ignore[call-overload]
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        noun = {int: "an integer", str: "a string", bool: "true or false"}.get(kind, "a number")  # type: ignore[call-overload]
         raise ConfigError(f"[{section}] {key} must be {noun}, not {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"[{section}] {key} must be a finite number")

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from multiprocessing import connection as mp_connection
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
@@ -79,6 +80,7 @@ class Supervisor:
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
+        self._spare: children.Spare | None = None
         self.started_at = clock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
             queue.SimpleQueue()
@@ -179,6 +181,9 @@ class Supervisor:
                 self._wait(timeout)
         finally:
             self._run_calls()  # answer whatever arrived during shutdown rather than leave it hanging
+            if self._spare is not None:
+                self._spare.close()
+                self._spare = None
             self.conn.close()
             self._finished.set()
             log.info("supervisor_stopped")
@@ -214,6 +219,7 @@ class Supervisor:
             self._next_heartbeat = now + self.settings.heartbeat_interval
         if self._shutdown_deadline is None:
             self._claim(now)
+            self._keep_a_spare()
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         self.notifier.tick(now, self.summary())
@@ -307,9 +313,7 @@ class Supervisor:
             return
         log_path = self.settings.task_log(task.id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        child = children.spawn(
-            task, self.registry.ref(task.type), upstream, log_path, context=self.context
-        )
+        child = self._executor_process(task, upstream, log_path)
         task = tasks.start(
             self.conn,
             task.id,
@@ -320,6 +324,27 @@ class Supervisor:
         )
         self.running[task.id] = RunningTask(task=task, child=child, executor=executor, started_at=now)
         bound.info("task_started", pid=child.pid, attempt=task.retry_count + 1)
+
+    def _executor_process(self, task: Task, upstream: dict[str, Any], log_path: Path) -> children.ExecutorProcess:
+        """The process for this attempt: the spare started ahead of time if it is still there."""
+        ref = self.registry.ref(task.type)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            if spare.is_alive():
+                try:
+                    return spare.assign(task, ref, upstream, log_path)
+                except OSError:
+                    log.warning("spare_executor_lost", pid=spare.started.pid)
+            spare.close()
+        return children.spawn(task, ref, upstream, log_path, context=self.context)
+
+    def _keep_a_spare(self) -> None:
+        """Start the next task's process now, while nothing waits for it."""
+        if self._spare is None and self.settings.warm_spare:
+            try:
+                self._spare = children.start_spare(self.context)
+            except Exception:
+                log.exception("spare_executor_failed")
 
     # --- messages from a child ------------------------------------------------------------------
 

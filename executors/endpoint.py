@@ -216,6 +216,23 @@ def run(
     _shut_down(status, exit_code)
 
 
+def run_spare(
+    assignment: Connection,
+    status_connection: Connection,
+    cancel_event: Event,
+    resume_event: Event,
+) -> None:
+    """Entry point of a spare executor process: wait for its one task, then run it like `run`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        task, executor_ref, upstream, log_path = assignment.recv()
+    except (EOFError, OSError):
+        # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
+        os._exit(0)
+    assignment.close()
+    run(task, executor_ref, upstream, log_path, status_connection, cancel_event, resume_event)
+
+
 def result_message(outcome: Any) -> dict[str, Any]:
     """The "result" message for what `execute` returned, with its result checked as JSON."""
     if not isinstance(outcome, ExecuteResult):

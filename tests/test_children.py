@@ -478,3 +478,44 @@ def test_tail_reads_the_last_lines_from_the_end(tmp_path: Path) -> None:
 def test_fork_is_refused() -> None:
     with pytest.raises(ValueError, match="forkserver, spawn"):
         children.make_context("fork")
+
+
+# --- spares: processes started ahead of their task ----------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_spare_runs_the_one_task_it_is_given(tmp_path: Path, start_method: str) -> None:
+    spare = children.start_spare(children.make_context(start_method))
+    assert spare.is_alive()
+    pid, create_time = spare.started.pid, spare.started.create_time
+    child = spare.assign(make_task("ECHO", {"b": 2}), "tests.sample_executors:Echo", {}, tmp_path / "t.log")
+    try:
+        # The same process, recognisable later by pid and start time like any executor.
+        assert (child.pid, child.create_time) == (pid, create_time)
+        messages = collect(child)
+        assert messages[-1]["result"] == {"echo": {"b": 2}, "task_id": "task-echo"}
+        assert child.exitcode == 0 and "task finished: ok" in (tmp_path / "t.log").read_text()
+    finally:
+        child.close()
+
+
+def test_a_dismissed_spare_exits_without_running_anything(tmp_path: Path, forkserver: Any) -> None:
+    spare = children.start_spare(forkserver)
+    pid = spare.started.pid
+    spare.close()
+    assert not spare.is_alive() and spare.started.process.exitcode == 0
+    assert gone(pid)
+
+
+def test_a_spare_can_be_paused_and_cancelled_like_any_executor(tmp_path: Path, forkserver: Any) -> None:
+    spare = children.start_spare(forkserver)
+    payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
+    child = spare.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "t.log")
+    try:
+        wait_for(lambda: (tmp_path / "c").exists())
+        child.pause()
+        wait_for(lambda: (tmp_path / "s").exists() and (tmp_path / "s").read_text() == "paused")
+        child.request_cancel()
+        assert collect(child)[-1]["error_type"] == "CANCELLED"
+    finally:
+        child.close()

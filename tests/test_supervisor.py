@@ -448,3 +448,19 @@ def test_priorities_and_dependencies_end_to_end(make_supervisor: Callable[..., S
     assert all(t.status is TaskStatus.COMPLETED for t in ended)
     by_start = sorted(ended, key=lambda t: t.started_at)
     assert [t.id for t in by_start] == [high, same_a, same_b, low, blocked_high]
+
+
+def test_the_next_task_runs_in_the_spare_started_ahead_of_it(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    spare = wait_for(lambda: sup.call(lambda: sup._spare))
+    task = wait_ended(sup, submit(sup, "ECHO"))
+    assert task.status is TaskStatus.COMPLETED
+    assert (task.executor_pid, task.executor_started_at) == (spare.started.pid, spare.started.create_time)
+    # A new spare waits for the next task.
+    assert wait_for(lambda: sup.call(lambda: sup._spare)) is not spare
+
+
+def test_without_a_warm_spare_each_task_gets_a_fresh_process(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(warm_spare=False)
+    task = wait_ended(sup, submit(sup, "ECHO"))
+    assert task.status is TaskStatus.COMPLETED and sup.call(lambda: sup._spare) is None
