@@ -170,21 +170,12 @@ class ExecutorProcess:
     def _signal_tree(self, sig: signal.Signals) -> None:
         root = self._root()
         if root is not None:
-            # Collected before any signal: a parent that dies first would leave its children
-            # reparented and out of reach of `children()`.
-            try:
-                for proc in root.children(recursive=True):
-                    self._descendants.setdefault(proc.pid, proc)
-            except psutil.Error:
-                pass
+            for proc in descendants(root):
+                self._descendants.setdefault(proc.pid, proc)
         # Descendants seen earlier are signalled even if the root is gone: a grandchild that
         # ignored SIGTERM still gets the SIGKILL. psutil refuses to signal a reused pid.
         targets = [root] if root is not None else []
-        for proc in [*targets, *self._descendants.values()]:
-            try:
-                proc.send_signal(sig)
-            except psutil.Error:
-                pass
+        _send(sig, [*targets, *self._descendants.values()])
 
     def _root(self) -> psutil.Process | None:
         if self.create_time is not None:
@@ -317,6 +308,36 @@ def start_spare(context: ExecutorContext) -> Spare:
     finally:
         task_reader.close()
     return Spare(started, task_writer)
+
+
+def descendants(root: psutil.Process) -> list[psutil.Process]:
+    """Every descendant of `root`, collected before any of them is signalled: a parent that dies
+    first would leave its children reparented and out of reach of `children()`."""
+    try:
+        return root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _send(sig: signal.Signals, procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass  # already gone, or a reused pid psutil refuses to touch
+
+
+def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
+    """SIGTERM each root and its descendants, SIGKILL what is left after `grace`; how many there were.
+
+    For processes found again after a restart (no ExecutorProcess to steer them by Events).
+    """
+    procs = {proc.pid: proc for root in roots for proc in (root, *descendants(root))}
+    _send(signal.SIGTERM, list(procs.values()))
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
+    _send(signal.SIGKILL, alive)
+    psutil.wait_procs(alive, timeout=grace)
+    return len(procs)
 
 
 def find_leftover(pid: int, create_time: float) -> psutil.Process | None:

@@ -243,10 +243,16 @@ class ControlServer:
 
     def _reply_for(self, conn: socket.socket) -> dict[str, Any]:
         uid = peer_uid(conn)
+        conn.settimeout(READ_TIMEOUT)
         if uid not in self.allowed_uids:
             log.warning("client_refused", uid=uid)
+            # Let the client finish sending (its request is read, never acted on): closing first
+            # would fail its write with EPIPE before it could read why it was refused.
+            try:
+                protocol.read_frame(conn, protocol.MAX_REQUEST)
+            except (protocol.ProtocolError, OSError):
+                pass
             return protocol.error("PermissionDenied", f"user {uid} may not control this daemon")
-        conn.settimeout(READ_TIMEOUT)
         try:
             message = protocol.read_frame(conn, protocol.MAX_REQUEST)
             op, args = protocol.parse_request(message)

@@ -18,7 +18,13 @@ MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
 
 
-def configure(log_file: Path | None, *, stream: TextIO | None = sys.stderr, level: int = logging.INFO) -> None:
+def configure(
+    log_file: Path | None,
+    *,
+    stream: TextIO | None = sys.stderr,
+    level: int = logging.INFO,
+    max_bytes: int = MAX_BYTES,
+) -> None:
     """Route structlog (and stdlib logging) to `log_file` as JSON and to `stream` for people."""
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -38,7 +44,7 @@ def configure(log_file: Path | None, *, stream: TextIO | None = sys.stderr, leve
         handler.close()
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        to_file = logging.handlers.RotatingFileHandler(log_file, maxBytes=MAX_BYTES, backupCount=BACKUPS)
+        to_file = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=BACKUPS)
         to_file.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 foreign_pre_chain=shared,

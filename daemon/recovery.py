@@ -23,7 +23,6 @@ import dataclasses
 import sqlite3
 import uuid
 
-import psutil
 import structlog
 
 from daemon import children
@@ -56,7 +55,7 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
             if process is not None:
                 leftovers.append(process)
                 log.warning("leftover_executor", task_id=task.id, run_id=task.workflow_run_id, pid=process.pid)
-    killed = end_process_trees(leftovers, kill_grace)
+    killed = children.end_process_trees(leftovers, kill_grace)
     with db.write(conn):
         interrupted = tasks.fail_interrupted(conn, now=now)
         requeued = tasks.requeue_claimed(conn, now=now)
@@ -73,31 +72,6 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
     )
     log.info("recovery_finished", **dataclasses.asdict(report))
     return report
-
-
-def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
-    """SIGTERM each root and its descendants, SIGKILL what is left after `grace`; how many ended."""
-    procs: dict[int, psutil.Process] = {}
-    for root in roots:
-        procs[root.pid] = root
-        try:
-            for child in root.children(recursive=True):
-                procs.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
-    for proc in procs.values():
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
-    return len(procs)
 
 
 def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Submission:

@@ -71,12 +71,7 @@ class Supervisor:
         self.clock = clock
         self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
-        for template in settings.templates.values():
-            for task in template.tasks:
-                if task.spec.type not in self.registry:
-                    raise templates.TemplateError(
-                        f"template {template.name}, task {task.name}: no executor for type {task.spec.type}"
-                    )
+        templates.check_task_types(settings.templates, self.registry)
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
@@ -222,7 +217,8 @@ class Supervisor:
             self._keep_a_spare()
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
-        self.notifier.tick(now, self.summary())
+        if self.notifier.enabled:
+            self.notifier.tick(now, self.summary())
         return self._next_timeout(now)
 
     def summary(self) -> str:
@@ -268,9 +264,10 @@ class Supervisor:
         s = self.settings
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
-        ready_at = tasks.next_ready_at(self.conn)
-        if ready_at is not None and len(self.running) < s.max_workers:
-            deadlines.append(ready_at)
+        if len(self.running) < s.max_workers:  # a retry's delay only matters with a slot to run it
+            ready_at = tasks.next_ready_at(self.conn)
+            if ready_at is not None:
+                deadlines.append(ready_at)
         for rt in self.running.values():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
         if self._shutdown_deadline is not None:

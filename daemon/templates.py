@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Container, Mapping, Sequence
 
 from daemon.errors import FredicaError
 from daemon.submission import SubmissionRefused, TaskSpec, parse_spec
@@ -156,12 +156,22 @@ def resolve_results(
     return _map_strings(dict(payload), fill)
 
 
-def parse_all(data: Mapping[str, Any], known_types: Iterable[str] | None = None) -> dict[str, Template]:
+def parse_all(data: Mapping[str, Any]) -> dict[str, Template]:
     """Every `[templates.NAME]` table, validated; TemplateError names the template and the problem."""
-    return {name: parse(name, body, known_types) for name, body in data.items()}
+    return {name: parse(name, body) for name, body in data.items()}
 
 
-def parse(name: str, body: Any, known_types: Iterable[str] | None = None) -> Template:
+def check_task_types(templates: Mapping[str, Template], known_types: Container[str]) -> None:
+    """Refuse templates naming a task type no executor handles (known once executors are loaded)."""
+    for template in templates.values():
+        for task in template.tasks:
+            if task.spec.type not in known_types:
+                raise TemplateError(
+                    f"template {template.name}, task {task.name}: no executor for type {task.spec.type}"
+                )
+
+
+def parse(name: str, body: Any) -> Template:
     where = f"template {name}"
     if not isinstance(body, Mapping):
         raise TemplateError(f"{where} must be a table")
@@ -177,7 +187,6 @@ def parse(name: str, body: Any, known_types: Iterable[str] | None = None) -> Tem
     raw_tasks = body.get("tasks")
     if not isinstance(raw_tasks, Mapping) or not raw_tasks:
         raise TemplateError(f"{where} has no tasks")
-    known = set(known_types) if known_types is not None else None
     parsed: dict[str, tuple[TaskSpec, list[str]]] = {}
     for task_name, task in raw_tasks.items():
         if not isinstance(task, Mapping):
@@ -190,8 +199,6 @@ def parse(name: str, body: Any, known_types: Iterable[str] | None = None) -> Tem
             spec = parse_spec({k: v for k, v in task.items() if k != "depends_on"})
         except SubmissionRefused as exc:
             raise TemplateError(f"{where}, task {task_name}: {exc.message}") from None
-        if known is not None and spec.type not in known:
-            raise TemplateError(f"{where}, task {task_name}: no executor for type {spec.type}")
         if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
             raise TemplateError(f"{where}, task {task_name}: depends_on must be a list of task names")
         for dep in deps:

@@ -465,7 +465,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert tasks.get(self.conn, task_id).heartbeat_at == self.now
         elif op == "progress":
             percent = data.draw(st.integers(-5, 105), label="progress")
-            assert tasks.update_progress(self.conn, task_id, percent, "working") is running
+            assert tasks.record_progress(self.conn, [(task_id, percent, "working")]) == int(running)
             if running:
                 assert tasks.get(self.conn, task_id).progress == max(0, min(100, percent))
         elif op == "pause":

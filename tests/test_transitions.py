@@ -210,7 +210,7 @@ def test_started_at_keeps_the_first_start_across_a_retry(
 @pytest.mark.parametrize("terminal", [S.COMPLETED, S.FAILED, S.CANCELLED], ids=str)
 def test_completed_at_set_on_entering_a_terminal_state(conn: sqlite3.Connection, terminal: S) -> None:
     task_id, _ = task_in(conn, S.RUNNING)
-    tasks.update_progress(conn, task_id, 40, "halfway")
+    tasks.record_progress(conn, [(task_id, 40, "halfway")])
     running = tasks.get(conn, task_id)
     assert running.completed_at is None
     assert running.progress == 40

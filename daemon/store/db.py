@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import sqlite_utils
-
 from daemon.store import migrations
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
@@ -71,11 +69,6 @@ def open_database(
     conn = connect(path, synchronous=synchronous, busy_timeout=busy_timeout)
     migrations.migrate(conn)
     return conn
-
-
-def utils(conn: sqlite3.Connection) -> sqlite_utils.Database:
-    """sqlite-utils' view of a connection, for introspection (tables, columns, indexes)."""
-    return sqlite_utils.Database(conn)
 
 
 @contextlib.contextmanager

@@ -395,16 +395,6 @@ def _update_running(conn: sqlite3.Connection, task_id: str, sql: str, params: Se
         return cursor.rowcount == 1
 
 
-def update_progress(
-    conn: sqlite3.Connection, task_id: str, progress: int, status_text: str | None = None
-) -> bool:
-    """Record progress (clamped to 0-100) of a running task; False if it is not running."""
-    progress = max(0, min(100, int(progress)))
-    return _update_running(
-        conn, task_id, "progress = ?, status_text = COALESCE(?, status_text)", (progress, status_text)
-    )
-
-
 def set_paused(conn: sqlite3.Connection, task_id: str, paused: bool) -> bool:
     """Record that a running task is paused or not; False if it is not running."""
     return _update_running(conn, task_id, "is_paused = ?", (int(paused),))
@@ -424,14 +414,15 @@ def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> 
         )
 
 
-def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, str | None]]) -> None:
-    """Record coalesced progress of several running tasks in one transaction."""
+def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, str | None]]) -> int:
+    """Record progress (clamped to 0-100) of several running tasks in one transaction; returns
+    how many were running (others are left alone)."""
     with write(conn):
-        conn.executemany(
+        return conn.executemany(
             """UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)
                WHERE id = ? AND status = 'running'""",
             [(max(0, min(100, int(p))), text, task_id) for task_id, p, text in updates],
-        )
+        ).rowcount
 
 
 # --- startup recovery (SPEC §9) -----------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""The daemon's log: JSON lines in a rotated file, and task events that name their task and run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import structlog
+
+from daemon import logs
+from tests.daemon_harness import Daemon
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    structlog.reset_defaults()
+
+
+def test_json_lines_in_a_rotated_file(tmp_path: Path, restore_logging: None) -> None:
+    log_file = tmp_path / "logs" / "daemon.log"
+    logs.configure(log_file, stream=None, max_bytes=2_000)
+    log = structlog.get_logger("fredica.test")
+    for i in range(100):
+        log.info("task_progress", task_id=f"t{i}", run_id="r", step=i)
+    files = sorted(log_file.parent.glob("daemon.log*"))
+    assert log_file in files and len(files) == 1 + logs.BACKUPS  # rotated, old ones kept
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert {"event", "level", "timestamp", "logger", "task_id", "run_id"} <= set(lines[-1])
+    assert json.loads(log_file.read_text().splitlines()[-1])["step"] == 99
+
+
+def test_every_task_event_carries_its_task_and_run(daemons, tmp_path: Path) -> None:
+    d: Daemon = daemons().start()
+    d.wait_task(d.submit("RAISE", max_retries=1), "failed")
+    d.wait_task(d.submit("ECHO"), "completed")
+    hang = d.submit("HANG", payload={"ready_file": str(tmp_path / "ready")})
+    d.wait_task(hang, "running")
+    d.data("cancel", id=hang)
+    d.wait_task(hang, "cancelled")
+    events = [e for e in d.log_events() if e.get("logger") == "fredica.supervisor" and e["event"].startswith("task_")]
+    assert {"task_started", "task_retrying", "task_failed", "task_completed", "task_cancelled"} <= {
+        e["event"] for e in events
+    }
+    for event in events:
+        assert event.get("task_id") and event.get("run_id"), event
