@@ -102,12 +102,17 @@ def check_all_completed(conn: sqlite3.Connection, expected: int) -> None:
         raise RuntimeError(f"expected {expected} completed tasks, got {counts}: {[dict(r) for r in bad]}")
 
 
+# Settings every benchmark supervisor gets (e.g. tasks_per_process from --tasks-per-process).
+SETTINGS: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
 def supervisor(start_method: str, **overrides: Any) -> Iterator[tuple[Any, Path]]:
     """A started Supervisor on a fresh database in a temp dir; stopped and removed afterwards."""
     from daemon.config import Settings
     from daemon.supervisor import Supervisor
 
+    overrides = {**SETTINGS, **overrides}
     with tempfile.TemporaryDirectory(prefix="fredica-bench-") as tmp:
         root = Path(tmp)
         settings = Settings(
@@ -389,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MODULES",
         help="comma-separated modules to add to daemon.children.FORKSERVER_PRELOAD (an experiment)",
     )
+    parser.add_argument(
+        "--tasks-per-process", type=int, default=1,
+        help="the daemon's tasks_per_process (1: a fresh process per task, the default)",
+    )
     args = parser.parse_args(argv)
+    SETTINGS["tasks_per_process"] = args.tasks_per_process
     only = set(args.only or ("w1", "w2", "w3", "spawn", "profile"))
     _importable()
     method = args.start_method
@@ -409,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(
         f"start method: {method}; max_workers=2; reps={args.reps}; main imports: {args.main_imports or '-'}; "
-        f"extra forkserver preload: {args.preload_extra or '-'}",
+        f"extra forkserver preload: {args.preload_extra or '-'}; tasks_per_process={args.tasks_per_process}",
         flush=True,
     )
     warm_up(method)

@@ -1,7 +1,7 @@
-"""Executor subprocesses: spawn one per task, steer it with its Events, end its process tree.
+"""Executor subprocesses: start them, hand them attempts, steer them by Events, end their trees.
 
-Every attempt of every task runs in a fresh process, so killing one task's process never touches
-another task. The default start method is "forkserver": each child is a fork of a small, warm
+By default every attempt of every task runs in a fresh process, so killing one task's process never
+touches another task (`tasks_per_process` > 1 lets a process run several, one at a time). The default start method is "forkserver": each child is a fork of a small, warm
 server that has already imported the executor machinery, which is much faster than "spawn" while
 still never forking the supervisor itself (its threads, sockets and SQLite connection). "fork" is
 refused for that reason, and because a forked child would inherit every other task's status pipe.
@@ -77,20 +77,63 @@ class Drained(NamedTuple):
 
 @dataclasses.dataclass(eq=False)
 class ExecutorProcess:
-    """One running attempt of a task: its process, status channel, and cancel and resume Events."""
+    """One executor process: its status channel, cancel and resume Events, and its current attempt.
 
-    task_id: str
+    It is started idle (`start_process`), waiting on its assignment pipe, and runs the attempts it is
+    given one at a time. With `last=True` it exits after that attempt: the default, one process per
+    attempt. Otherwise it reports the result and waits for the next one (`tasks_per_process`).
+    """
+
     process: BaseProcess
     status: endpoint.StatusReader
     cancel_event: Event
     resume_event: Event
     pid: int
     create_time: float | None  # None if the child was gone before it could be looked at
-    log_path: Path
-    started: float  # time.monotonic() at spawn
+    assignments: Connection | None  # our end of the pipe attempts are sent on; None after the last
+    task_id: str | None = None  # the attempt it runs or ran last
+    log_path: Path | None = None
+    started: float = 0.0  # time.monotonic() when the current attempt was sent
+    attempts: int = 0  # attempts assigned so far
+    last: bool = False  # the current attempt is its last: it exits after reporting
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
+
+    # --- attempts -------------------------------------------------------------------------------
+
+    def assign(
+        self, task: Task, executor_ref: str, upstream: Mapping[str, Any], log_path: Path, *, last: bool
+    ) -> "ExecutorProcess":
+        """Send the process its next attempt; OSError if it has died or was given its last one."""
+        if self.assignments is None:
+            raise OSError(f"executor process {self.pid} takes no more tasks")
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The Events belong to the process, not the attempt: a cancel or pause of the previous
+        # attempt must not reach this one. The child reads them only while an attempt runs.
+        self.cancel_event.clear()
+        self.resume_event.set()
+        self.task_id, self.log_path, self.last = task.id, log_path, last
+        self.attempts += 1
+        self.started = time.monotonic()
+        try:
+            self.assignments.send((task, executor_ref, dict(upstream), str(log_path), last))
+        finally:
+            if last:
+                self.assignments.close()
+                self.assignments = None
+        return self
+
+    def dismiss(self, timeout: float = 2.0) -> None:
+        """End an idle process: it exits when its assignment pipe closes (killed if it does not)."""
+        if self.assignments is not None:
+            self.assignments.close()
+            self.assignments = None
+        if self.reap(timeout) is None:
+            self.kill_tree()
+            self.reap(timeout)
+        self.close()
 
     # --- the status channel ---------------------------------------------------------------------
 
@@ -158,9 +201,12 @@ class ExecutorProcess:
         self._signal_tree(signal.SIGKILL)
 
     def close(self) -> None:
-        """Release the channel and the process handle; call once the process has ended."""
+        """Release the channels and the process handle; call once the process has ended."""
         if self._closed:
             return
+        if self.assignments is not None:
+            self.assignments.close()
+            self.assignments = None
         self.status.close()
         self._exitcode = self.reap(0.0)
         if self._exitcode is not None:
@@ -188,26 +234,21 @@ class ExecutorProcess:
         return None
 
 
-@dataclasses.dataclass(eq=False)
-class _Started:
-    process: BaseProcess
-    status: endpoint.StatusReader
-    cancel_event: Event
-    resume_event: Event
-    pid: int
-    create_time: float | None
+def start_process(context: ExecutorContext) -> ExecutorProcess:
+    """Start an idle executor process, waiting for its first attempt (see `ExecutorProcess`).
 
-
-def _start_process(context: ExecutorContext, target: Any, args: tuple[Any, ...], name: str) -> _Started:
-    """Start `target(*args, status_writer, cancel_event, resume_event)` in a fresh process."""
-    reader, writer = context.Pipe(duplex=False)
+    Starting a process costs milliseconds (the fork server's round trip, the child's set-up); the
+    supervisor starts one ahead of time (`warm_spare`), so dispatch is one message.
+    """
+    status_reader, status_writer = context.Pipe(duplex=False)
+    task_reader, task_writer = context.Pipe(duplex=False)
     cancel_event = context.Event()
     resume_event = context.Event()
     resume_event.set()  # set = running; a pause clears it
     process = context.Process(
-        target=target,
-        args=(*args, writer, cancel_event, resume_event),
-        name=name,
+        target=endpoint.serve,
+        args=(task_reader, status_writer, cancel_event, resume_event),
+        name="fredica-executor",
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
         daemon=False,
@@ -215,31 +256,28 @@ def _start_process(context: ExecutorContext, target: Any, args: tuple[Any, ...],
     try:
         process.start()
     except BaseException:
-        reader.close()
+        status_reader.close()
+        task_writer.close()
         raise
     finally:
-        # Our copy of the write end must go, or the reader would never see end-of-file.
-        writer.close()
+        # Our copies of the child's ends must go: the reader would never see end-of-file, and the
+        # child would never see its assignment pipe close.
+        status_writer.close()
+        task_reader.close()
     pid = process.pid
     assert pid is not None
     try:
         create_time: float | None = psutil.Process(pid).create_time()
     except psutil.Error:
         create_time = None
-    return _Started(process, endpoint.StatusReader(reader), cancel_event, resume_event, pid, create_time)
-
-
-def _executor_process(started: _Started, task_id: str, log_path: Path) -> ExecutorProcess:
     return ExecutorProcess(
-        task_id=task_id,
-        process=started.process,
-        status=started.status,
-        cancel_event=started.cancel_event,
-        resume_event=started.resume_event,
-        pid=started.pid,
-        create_time=started.create_time,
-        log_path=log_path,
-        started=time.monotonic(),
+        process=process,
+        status=endpoint.StatusReader(status_reader),
+        cancel_event=cancel_event,
+        resume_event=resume_event,
+        pid=pid,
+        create_time=create_time,
+        assignments=task_writer,
     )
 
 
@@ -252,62 +290,7 @@ def spawn(
     context: ExecutorContext,
 ) -> ExecutorProcess:
     """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = _start_process(
-        context, endpoint.run, (task, executor_ref, dict(upstream), str(log_path)), f"fredica-task-{task.id}"
-    )
-    return _executor_process(started, task.id, log_path)
-
-
-@dataclasses.dataclass(eq=False)
-class Spare:
-    """A fresh executor process started ahead of time, waiting for the one task it will run.
-
-    Starting a process costs milliseconds (the fork server's round trip, the child's set-up);
-    a spare pays them before the task exists, so dispatch is one message. It still runs exactly one
-    task and exits, so isolation is the same as with `spawn`.
-    """
-
-    started: _Started
-    assignment: Connection  # our end of the pipe the task is sent on
-
-    def is_alive(self) -> bool:
-        return self.started.process.is_alive()
-
-    def assign(
-        self, task: Task, executor_ref: str, upstream: Mapping[str, Any], log_path: Path
-    ) -> ExecutorProcess:
-        """Hand the spare its task; OSError if the spare has died meanwhile."""
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.assignment.send((task, executor_ref, dict(upstream), str(log_path)))
-        finally:
-            self.assignment.close()
-        return _executor_process(self.started, task.id, log_path)
-
-    def close(self) -> None:
-        """Dismiss an unused spare: it exits when its assignment pipe closes."""
-        self.assignment.close()
-        self.started.process.join(2.0)
-        if self.started.process.is_alive():
-            self.started.process.kill()
-            self.started.process.join(2.0)
-        self.started.status.close()
-
-
-def start_spare(context: ExecutorContext) -> Spare:
-    """Start a spare executor process (see `Spare`)."""
-    task_reader, task_writer = context.Pipe(duplex=False)
-    try:
-        started = _start_process(context, endpoint.run_spare, (task_reader,), "fredica-spare")
-    except BaseException:
-        task_writer.close()
-        raise
-    finally:
-        task_reader.close()
-    return Spare(started, task_writer)
+    return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True)
 
 
 def descendants(root: psutil.Process) -> list[psutil.Process]:

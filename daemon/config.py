@@ -55,6 +55,7 @@ class Settings:
     progress_interval: float = 0.5
     heartbeat_interval: float = 5.0
     warm_spare: bool = True
+    tasks_per_process: int = 1
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -96,6 +97,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "progress_interval": ((int, float), _NON_NEGATIVE),
     "heartbeat_interval": ((int, float), _POSITIVE),
     "warm_spare": (bool, None),
+    "tasks_per_process": (int, (lambda v: 1 <= v <= 1_000_000, "must be between 1 and 1000000")),
 }
 RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),

@@ -56,6 +56,20 @@ class RunningTask:
             self.paused_seconds += now - self.paused_since
             self.paused_since = None
 
+    def reusable(self) -> bool:
+        """The attempt has reported and its process waits for another (tasks_per_process > 1)."""
+        return (
+            self.result is not None
+            and not self.child.last
+            and self.terminated_at is None  # a SIGTERMed process may be on its way out
+            and self.channel_open
+            and self.child.is_alive()
+        )
+
+    def attempt_over(self) -> bool:
+        """True once the attempt's outcome is known: its process has exited, or it is reusable."""
+        return self.reusable() or self.has_exited()
+
     def has_exited(self) -> bool:
         """True once the executor process has ended and been reaped."""
         if not self.child.is_alive():

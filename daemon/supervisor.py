@@ -19,7 +19,6 @@ import queue
 import threading
 import time
 from multiprocessing import connection as mp_connection
-from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
@@ -75,7 +74,9 @@ class Supervisor:
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
-        self._spare: children.Spare | None = None
+        # Executor processes waiting for an attempt: the warm spare, and with tasks_per_process > 1
+        # the processes whose last attempt has reported.
+        self._idle: list[children.ExecutorProcess] = []
         self.started_at = clock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
             queue.SimpleQueue()
@@ -176,9 +177,9 @@ class Supervisor:
                 self._wait(timeout)
         finally:
             self._run_calls()  # answer whatever arrived during shutdown rather than leave it hanging
-            if self._spare is not None:
-                self._spare.close()
-                self._spare = None
+            for process in self._idle:
+                process.dismiss()
+            self._idle.clear()
             self.conn.close()
             self._finished.set()
             log.info("supervisor_stopped")
@@ -204,7 +205,7 @@ class Supervisor:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if rt.has_exited():
+            if rt.attempt_over():
                 self._guard(rt, self._finish, rt, now)
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
@@ -308,10 +309,12 @@ class Supervisor:
             tasks.complete(self.conn, task.id, {"skipped": True}, now=now)
             bound.info("task_skipped")
             return
-        log_path = self.settings.task_log(task.id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        child = self._executor_process(task, upstream, log_path)
-        task = tasks.start(
+        child = self._idle_process(fresh=executor.needs_fresh_process)
+        last = executor.needs_fresh_process or child.attempts + 1 >= self.settings.tasks_per_process
+        # The process is recorded before it is given the task: if the daemon dies in between, the
+        # process never runs it; once it does, recovery finds it by pid and start time. So a task
+        # never runs unrecorded, and never twice.
+        started = tasks.start(
             self.conn,
             task.id,
             now=now,
@@ -319,29 +322,40 @@ class Supervisor:
             executor_started_at=child.create_time,
             is_pausable=executor.pausable,
         )
-        self.running[task.id] = RunningTask(task=task, child=child, executor=executor, started_at=now)
-        bound.info("task_started", pid=child.pid, attempt=task.retry_count + 1)
+        self.running[task.id] = rt = RunningTask(task=started, child=child, executor=executor, started_at=now)
+        # The executor gets the payload with its references to upstream results filled in.
+        attempt = dataclasses.replace(started, payload=task.payload)
+        try:
+            child.assign(attempt, self.registry.ref(task.type), upstream, self.settings.task_log(task.id), last=last)
+        except OSError as exc:
+            # It died just now: the loop finds it gone and records the attempt as CRASHED.
+            rt.log.warning("executor_lost", pid=child.pid, error=str(exc))
+            child.kill_tree()
+            return
+        bound.info("task_started", pid=child.pid, attempt=started.retry_count + 1, process_attempt=child.attempts)
 
-    def _executor_process(self, task: Task, upstream: dict[str, Any], log_path: Path) -> children.ExecutorProcess:
-        """The process for this attempt: the spare started ahead of time if it is still there."""
-        ref = self.registry.ref(task.type)
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            if spare.is_alive():
-                try:
-                    return spare.assign(task, ref, upstream, log_path)
-                except OSError:
-                    log.warning("spare_executor_lost", pid=spare.started.pid)
-            spare.close()
-        return children.spawn(task, ref, upstream, log_path, context=self.context)
+    def _idle_process(self, *, fresh: bool) -> children.ExecutorProcess:
+        """An executor process waiting for work (one that never ran an attempt if `fresh`), or a new one."""
+        # Newest first: a process that has just finished an attempt is reused before the fresh
+        # spare, which stays ready for a task that needs a fresh process.
+        for process in reversed(list(self._idle)):
+            if fresh and process.attempts:
+                continue
+            self._idle.remove(process)
+            if process.is_alive():
+                return process
+            log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
+            process.close()
+        return children.start_process(self.context)
 
     def _keep_a_spare(self) -> None:
         """Start the next task's process now, while nothing waits for it."""
-        if self._spare is None and self.settings.warm_spare:
-            try:
-                self._spare = children.start_spare(self.context)
-            except Exception:
-                log.exception("spare_executor_failed")
+        if not self.settings.warm_spare or self._idle:
+            return
+        try:
+            self._idle.append(children.start_process(self.context))
+        except Exception:
+            log.exception("spare_executor_failed")
 
     # --- messages from a child ------------------------------------------------------------------
 
@@ -396,12 +410,20 @@ class Supervisor:
     # --- ending an attempt ----------------------------------------------------------------------
 
     def _finish(self, rt: RunningTask, now: float) -> None:
-        """The child has exited: read what is left of its channel and record the outcome."""
-        while rt.channel_open:
+        """The attempt is over: record its outcome, and keep its process if it takes another task.
+
+        A process that exits is read to the end of its channel first; one that goes on has sent
+        its result as the attempt's last message.
+        """
+        reusable = rt.reusable()
+        while rt.channel_open and not reusable:
             self._drain(rt, now, None)
         self._flush_progress(now, only=rt)
         del self.running[rt.task.id]
-        rt.child.close()
+        if reusable:
+            self._idle.append(rt.child)
+        else:
+            rt.child.close()
         result = rt.result
         succeeded = result is not None and result.ok
         if rt.stop_reason == "shutdown" and not succeeded:

@@ -63,6 +63,9 @@ class TaskExecutor:
 
     task_type: str
     pausable: bool = False  # the task's initial is_pausable; `ctx.set_pausable` changes it later
+    # True: every attempt gets a process that never ran another one, even with tasks_per_process
+    # > 1 (for executors that change process-wide state: cwd, environment, signal handlers...).
+    needs_fresh_process: bool = False
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         """Run the task; called in the executor subprocess, never in the supervisor."""

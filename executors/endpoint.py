@@ -21,7 +21,7 @@ import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import registry
@@ -163,32 +163,80 @@ class StatusReader:
 # --- the subprocess -------------------------------------------------------------------------------
 
 
-def run(
-    task: Task,
-    executor_ref: str,
-    upstream: Mapping[str, Any],
-    log_path: str,
+def serve(
+    assignments: Connection,
     status_connection: Connection,
     cancel_event: Event,
     resume_event: Event,
 ) -> None:
-    """Entry point of an executor subprocess: run one attempt of `task`, report, exit.
+    """Entry point of an executor process: run the attempts the supervisor sends, one at a time.
 
-    Never returns: the process exits with `os._exit` once the result is sent, so threads or
-    processes an executor left behind cannot keep its worker slot busy after it has reported.
+    Each assignment says whether it is the process's last. After the last one, or when the
+    assignment pipe closes (dismissed, or the supervisor is gone), the process exits with
+    `os._exit`, so threads or processes an executor left behind cannot keep its worker slot busy.
     """
     # The supervisor decides when a task stops; a Ctrl-C on the daemon's terminal reaches the whole
     # foreground process group and must not kill executors behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status = StatusQueue(status_connection)
-    os.set_inheritable(status_connection.fileno(), False)  # not for the executor's own children
+    # Not for the executor's own children: a grandchild holding them would keep them open.
+    os.set_inheritable(status_connection.fileno(), False)
+    os.set_inheritable(assignments.fileno(), False)
+    while True:
+        try:
+            task, executor_ref, upstream, log_path, last = assignments.recv()
+        except (EOFError, OSError):
+            # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
+            _shut_down(status, 0)
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, cancel_event, resume_event)
+        if last or exit_code:
+            assignments.close()
+            _shut_down(status, exit_code)
+
+
+class AttemptChannel:
+    """The status channel as one attempt's `TaskContext` sees it, closed once the attempt ends.
+
+    In a process that runs several attempts, a thread the previous executor left behind may still
+    report progress; once its attempt has reported its result, those messages are dropped rather
+    than credited to the next task.
+    """
+
+    def __init__(self, status: StatusQueue) -> None:
+        self._status = status
+        self._lock = threading.Lock()
+        self._open = True
+
+    def put(self, message: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._open:
+                self._status.put(message)
+
+    def close(self) -> None:
+        """Drop every later message (waits for a `put` in progress to finish)."""
+        with self._lock:
+            self._open = False
+
+
+def _run_attempt(
+    task: Task,
+    executor_ref: str,
+    upstream: Mapping[str, Any],
+    log_path: str,
+    status: StatusQueue,
+    cancel_event: Event,
+    resume_event: Event,
+) -> int:
+    """Run one attempt of `task` and send its result; the exit code the process should end with
+    if it stops now (non-zero when the result could not be reported or the attempt not set up)."""
+    channel = AttemptChannel(status)
     try:
         log_file = _redirect_output(log_path)
         # A segfault in an extension module then leaves a Python traceback in the task's log,
         # which the supervisor quotes in the CRASHED error.
         faulthandler.enable(file=sys.stderr, all_threads=True)
-        endpoint_log, task_log = _loggers(task, log_file)
-        ctx = TaskContext(task, status, cancel_event, resume_event, upstream=upstream, log=task_log)
+        endpoint_log, task_log, handler = _loggers(task, log_file)
+        ctx = TaskContext(task, channel, cancel_event, resume_event, upstream=upstream, log=task_log)
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
         try:
             status.put(_error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))
@@ -199,6 +247,7 @@ def run(
         task.id, task.type, task.retry_count + 1, os.getpid(), executor_ref,
     )
     message = result_message(_execute(task, executor_ref, ctx, endpoint_log))
+    channel.close()  # the result is the attempt's last message
     exit_code = 0
     try:
         try:
@@ -213,24 +262,10 @@ def run(
         endpoint_log.info("task finished: ok")
     else:
         endpoint_log.info("task finished: %s: %s", message["error_type"], message["error"])
-    _shut_down(status, exit_code)
-
-
-def run_spare(
-    assignment: Connection,
-    status_connection: Connection,
-    cancel_event: Event,
-    resume_event: Event,
-) -> None:
-    """Entry point of a spare executor process: wait for its one task, then run it like `run`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        task, executor_ref, upstream, log_path = assignment.recv()
-    except (EOFError, OSError):
-        # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
-        os._exit(0)
-    assignment.close()
-    run(task, executor_ref, upstream, log_path, status_connection, cancel_event, resume_event)
+    logging.getLogger().removeHandler(handler)
+    _flush_output()
+    log_file.close()
+    return exit_code
 
 
 def result_message(outcome: Any) -> dict[str, Any]:
@@ -289,8 +324,9 @@ def _redirect_output(log_path: str) -> Any:
     return open(log_path, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
 
 
-def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger]:
-    """The endpoint's own logger and `ctx.log`, both writing timestamped lines to the task's log."""
+def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger, logging.Handler]:
+    """The endpoint's own logger and `ctx.log`, both writing timestamped lines to the task's log,
+    and the handler that also catches the root logger's records (removed after the attempt)."""
     handler = logging.StreamHandler(log_file)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     # Libraries that log through the root logger land in the task's log too.
@@ -299,20 +335,25 @@ def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger]
     root.setLevel(logging.WARNING)
     loggers = []
     for name in ("fredica.endpoint", f"fredica.task.{task.id}"):
-        logger = logging.getLogger(name)
+        # Not registered with `logging.getLogger`: a process running many attempts would keep
+        # every attempt's logger (and its handler and file) forever.
+        logger = logging.Logger(name, logging.INFO)
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
         logger.propagate = False
         loggers.append(logger)
-    return loggers[0], loggers[1]
+    return loggers[0], loggers[1], handler
 
 
-def _shut_down(status: StatusQueue, exit_code: int) -> None:
-    logging.shutdown()
+def _flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
+
+
+def _shut_down(status: StatusQueue, exit_code: int) -> NoReturn:
+    logging.shutdown()
+    _flush_output()
     status.close()
     os._exit(exit_code)

@@ -260,3 +260,44 @@ class NotAnExecutor:
     """Has a task_type but is not a TaskExecutor (for the registry tests)."""
 
     task_type = "NOT_AN_EXECUTOR"
+
+
+class ProcessState(TaskExecutor):
+    """Reports the process it runs in and what its Events say, and prints its task id.
+
+    For processes that run several attempts: each attempt must see a clear cancel Event, a set
+    resume Event and its own log, whatever the attempt before it went through.
+    """
+
+    task_type = "STATE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        print(f"attempt of {task.id}")
+        ctx.log.info("ctx.log of %s", task.id)
+        return ExecuteResult(
+            result={"pid": os.getpid(), "cancelled": ctx.cancelled, "running": ctx.wait_if_paused(0)}
+        )
+
+
+class FreshProcessState(ProcessState):
+    """ProcessState that asks for a process no other attempt has used."""
+
+    task_type = "FRESH_STATE"
+    needs_fresh_process = True
+
+
+class LeaveReporter(TaskExecutor):
+    """Leaves a thread behind that keeps reporting progress after the attempt has returned."""
+
+    task_type = "LEAVE_REPORTER"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        def report_forever() -> None:
+            percent = 0
+            while True:
+                percent = (percent + 1) % 100  # a new value each time: never deduplicated
+                ctx.progress(percent, "left behind")
+                threading.Event().wait(0.001)
+
+        threading.Thread(target=report_forever, daemon=True).start()
+        return ExecuteResult(result={"left": "a reporter"})

@@ -480,15 +480,22 @@ def test_fork_is_refused() -> None:
         children.make_context("fork")
 
 
-# --- spares: processes started ahead of their task ----------------------------------------------
+# --- processes started ahead of their task, and processes that run several attempts -------------
+
+
+def read_until_result(child: children.ExecutorProcess) -> list[dict[str, Any]]:
+    """Messages up to and including the next result, for a process that goes on afterwards."""
+    seen: list[dict[str, Any]] = []
+    next_message(child, "result", seen)
+    return seen
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_a_spare_runs_the_one_task_it_is_given(tmp_path: Path, start_method: str) -> None:
-    spare = children.start_spare(children.make_context(start_method))
-    assert spare.is_alive()
-    pid, create_time = spare.started.pid, spare.started.create_time
-    child = spare.assign(make_task("ECHO", {"b": 2}), "tests.sample_executors:Echo", {}, tmp_path / "t.log")
+def test_an_idle_process_runs_the_one_task_it_is_given(tmp_path: Path, start_method: str) -> None:
+    process = children.start_process(children.make_context(start_method))
+    assert process.is_alive()
+    pid, create_time = process.pid, process.create_time
+    child = process.assign(make_task("ECHO", {"b": 2}), "tests.sample_executors:Echo", {}, tmp_path / "t.log", last=True)
     try:
         # The same process, recognisable later by pid and start time like any executor.
         assert (child.pid, child.create_time) == (pid, create_time)
@@ -499,18 +506,18 @@ def test_a_spare_runs_the_one_task_it_is_given(tmp_path: Path, start_method: str
         child.close()
 
 
-def test_a_dismissed_spare_exits_without_running_anything(tmp_path: Path, forkserver: Any) -> None:
-    spare = children.start_spare(forkserver)
-    pid = spare.started.pid
-    spare.close()
-    assert not spare.is_alive() and spare.started.process.exitcode == 0
+def test_a_dismissed_idle_process_exits_without_running_anything(tmp_path: Path, forkserver: Any) -> None:
+    process = children.start_process(forkserver)
+    pid = process.pid
+    process.dismiss()
+    assert not process.is_alive() and process.exitcode == 0
     assert gone(pid)
 
 
-def test_a_spare_can_be_paused_and_cancelled_like_any_executor(tmp_path: Path, forkserver: Any) -> None:
-    spare = children.start_spare(forkserver)
+def test_an_idle_process_can_be_paused_and_cancelled_like_any_executor(tmp_path: Path, forkserver: Any) -> None:
+    process = children.start_process(forkserver)
     payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
-    child = spare.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "t.log")
+    child = process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "t.log", last=True)
     try:
         wait_for(lambda: (tmp_path / "c").exists())
         child.pause()
@@ -519,3 +526,59 @@ def test_a_spare_can_be_paused_and_cancelled_like_any_executor(tmp_path: Path, f
         assert collect(child)[-1]["error_type"] == "CANCELLED"
     finally:
         child.close()
+
+
+def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_path: Path, forkserver: Any) -> None:
+    process = children.start_process(forkserver)
+    try:
+        logs = [tmp_path / f"{n}.log" for n in range(3)]
+        results = []
+        for n, log_path in enumerate(logs):
+            task = make_task("STATE", id=f"task-{n}")
+            process.assign(task, "tests.sample_executors:ProcessState", {}, log_path, last=n == 2)
+            messages = read_until_result(process) if n < 2 else collect(process)
+            results.append(result_of(messages)["result"])
+            if n < 2:
+                assert process.is_alive()  # waiting for the next attempt
+        assert {r["pid"] for r in results} == {process.pid}
+        assert process.exitcode == 0 and process.attempts == 3
+        with pytest.raises(OSError):  # nothing more can be sent after the last attempt
+            process.assign(make_task("STATE"), "tests.sample_executors:ProcessState", {}, logs[0], last=True)
+        # Each attempt's prints and log lines went to its own log, and only there.
+        for n, log_path in enumerate(logs):
+            text = log_path.read_text()
+            assert f"attempt of task-{n}" in text and f"ctx.log of task-{n}" in text
+            assert all(f"task-{m}" not in text for m in range(3) if m != n)
+    finally:
+        process.close()
+
+
+def test_a_cancel_or_a_pause_of_one_attempt_does_not_reach_the_next(tmp_path: Path, forkserver: Any) -> None:
+    process = children.start_process(forkserver)
+    try:
+        payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
+        process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "a.log", last=False)
+        wait_for(lambda: (tmp_path / "c").exists())
+        process.pause()
+        wait_for(lambda: read(tmp_path / "s") == "paused")
+        process.request_cancel()
+        assert result_of(read_until_result(process))["error_type"] == "CANCELLED"
+        process.assign(make_task("STATE"), "tests.sample_executors:ProcessState", {}, tmp_path / "b.log", last=True)
+        result = result_of(collect(process))["result"]
+        assert result == {"pid": process.pid, "cancelled": False, "running": True}
+    finally:
+        process.close()
+
+
+def test_a_thread_an_attempt_left_behind_cannot_report_for_the_next(tmp_path: Path, forkserver: Any) -> None:
+    process = children.start_process(forkserver)
+    try:
+        ref = "tests.sample_executors:LeaveReporter"
+        process.assign(make_task("LEAVE_REPORTER"), ref, {}, tmp_path / "a.log", last=False)
+        read_until_result(process)
+        # The reporter is still running in the process: it reports every millisecond or so.
+        process.assign(make_task("STATE"), "tests.sample_executors:ProcessState", {}, tmp_path / "b.log", last=True)
+        messages = collect(process)
+        assert [m["type"] for m in messages] == ["result"] and messages[0]["result"]["pid"] == process.pid
+    finally:
+        process.close()

@@ -35,6 +35,8 @@ EXECUTORS = {
         "SELF_PAUSE": "SelfPause",
         "SELF_RESUME": "SelfPauseSelfResume",
         "UPSTREAM": "Upstream",
+        "STATE": "ProcessState",
+        "FRESH_STATE": "FreshProcessState",
     }.items()
 } | {
     name: f"tests.hook_executors:{cls}"
@@ -452,15 +454,95 @@ def test_priorities_and_dependencies_end_to_end(make_supervisor: Callable[..., S
 
 def test_the_next_task_runs_in_the_spare_started_ahead_of_it(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor()
-    spare = wait_for(lambda: sup.call(lambda: sup._spare))
+    spare = wait_for(lambda: sup.call(lambda: list(sup._idle)))[0]
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED
-    assert (task.executor_pid, task.executor_started_at) == (spare.started.pid, spare.started.create_time)
-    # A new spare waits for the next task.
-    assert wait_for(lambda: sup.call(lambda: sup._spare)) is not spare
+    assert (task.executor_pid, task.executor_started_at) == (spare.pid, spare.create_time)
+    # A new spare waits for the next task, and the used process is gone.
+    assert wait_for(lambda: sup.call(lambda: [p for p in sup._idle if p is not spare]))
+    assert wait_for(lambda: ended_process(spare.pid))
 
 
 def test_without_a_warm_spare_each_task_gets_a_fresh_process(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(warm_spare=False)
     task = wait_ended(sup, submit(sup, "ECHO"))
-    assert task.status is TaskStatus.COMPLETED and sup.call(lambda: sup._spare) is None
+    assert task.status is TaskStatus.COMPLETED and sup.call(lambda: list(sup._idle)) == []
+
+
+# --- tasks_per_process > 1: processes that run several attempts ------------------------------------
+
+
+def ended_process(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def pids_of(sup: Supervisor, task_ids: list[str]) -> list[int]:
+    ended = [wait_ended(sup, task_id) for task_id in task_ids]
+    assert [t.status for t in ended] == [TaskStatus.COMPLETED] * len(ended), [t.error for t in ended]
+    assert all(t.result["pid"] == t.executor_pid for t in ended)
+    return [t.executor_pid for t in ended]
+
+
+def test_a_process_runs_up_to_tasks_per_process_attempts(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_workers=1, tasks_per_process=3)
+    ids = [t.id for t in sup.submit([parse_spec({"type": "STATE"}) for _ in range(7)]).tasks]
+    pids = pids_of(sup, ids)
+    # One worker, so one process at a time: three attempts each, then a fresh one.
+    assert pids == [pids[0]] * 3 + [pids[3]] * 3 + [pids[6]] and len(set(pids)) == 3
+    for pid in (pids[0], pids[3]):  # done with their three attempts: exited
+        wait_for(lambda: ended_process(pid))
+
+
+def test_a_task_that_needs_a_fresh_process_never_shares_one(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_workers=1, tasks_per_process=100)
+    kinds = ["STATE", "FRESH_STATE", "STATE", "FRESH_STATE", "FRESH_STATE", "STATE"]
+    ids = [t.id for t in sup.submit([parse_spec({"type": kind}) for kind in kinds]).tasks]
+    pids = pids_of(sup, ids)
+    fresh = [pid for pid, kind in zip(pids, kinds) if kind == "FRESH_STATE"]
+    shared = [pid for pid, kind in zip(pids, kinds) if kind == "STATE"]
+    assert len(set(fresh)) == 3 and not set(fresh) & set(shared)
+    assert len(set(shared)) == 1  # the plain tasks all ran in one process
+
+
+def test_after_a_crash_or_a_forced_stop_the_next_task_gets_a_new_process(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_workers=1, tasks_per_process=100)
+    first = pids_of(sup, [submit(sup, "STATE")])[0]
+    crashed = wait_ended(sup, submit(sup, "EXIT", payload={"code": 3}))
+    assert crashed.status is TaskStatus.FAILED and crashed.error_type == models.CRASHED
+    assert crashed.executor_pid == first  # it ran in the reused process, which died with it
+    second = pids_of(sup, [submit(sup, "STATE")])[0]
+    assert second != first
+    hung = wait_ended(sup, submit(sup, "HANG", payload={"ready_file": str(tmp_path / "ready")}, timeout=0.2))
+    assert hung.error_type == models.TIMEOUT and hung.executor_pid == second
+    # It ignored the cancel Event and was SIGTERMed: that process is not given another task.
+    third = pids_of(sup, [submit(sup, "STATE")])[0]
+    assert third not in (first, second)
+
+
+def test_a_cancelled_attempt_hands_its_process_on_with_clear_events(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_workers=1, tasks_per_process=100)
+    payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
+    counting = submit(sup, "COUNT", payload=payload)
+    wait_for(lambda: (tmp_path / "c").exists())
+    sup.pause(counting)
+    sup.cancel(counting)
+    cancelled = wait_ended(sup, counting)
+    assert cancelled.status is TaskStatus.CANCELLED
+    after = wait_ended(sup, submit(sup, "STATE"))
+    assert after.result == {"pid": cancelled.executor_pid, "cancelled": False, "running": True}
+
+
+def test_idle_processes_end_with_the_supervisor(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_workers=2, tasks_per_process=100)
+    pids = pids_of(sup, [t.id for t in sup.submit([parse_spec({"type": "STATE"}) for _ in range(6)]).tasks])
+    idle = sup.call(lambda: [p.pid for p in sup._idle])
+    assert set(pids) <= set(idle)  # every process that ran a task is waiting for the next one
+    sup.stop(grace=0, timeout=20)
+    assert all(ended_process(pid) for pid in idle)
