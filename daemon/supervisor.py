@@ -85,6 +85,7 @@ class Supervisor:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
+        self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
         self._loop_ident: int | None = None
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
@@ -201,7 +202,18 @@ class Supervisor:
     # --- one tick -------------------------------------------------------------------------------
 
     def tick(self, now: float) -> float:
-        """One pass of the loop; returns how long the loop may sleep before the next one."""
+        """One pass of the loop; returns how long the loop may sleep before the next one.
+
+        Everything the tick writes is one transaction (one commit, however many tasks it moves).
+        What must not happen before the commit waits in the outbox: a task is sent to its
+        executor process only once its `running` row, with that process's pid, is durable.
+        """
+        with db.write(self.conn):
+            timeout = self._tick(now)
+        self._flush_outbox()
+        return timeout
+
+    def _tick(self, now: float) -> float:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
@@ -317,6 +329,7 @@ class Supervisor:
         started = tasks.start(
             self.conn,
             task.id,
+            known=task,
             now=now,
             executor_pid=child.pid,
             executor_started_at=child.create_time,
@@ -325,14 +338,27 @@ class Supervisor:
         self.running[task.id] = rt = RunningTask(task=started, child=child, executor=executor, started_at=now)
         # The executor gets the payload with its references to upstream results filled in.
         attempt = dataclasses.replace(started, payload=task.payload)
+        self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last))
+
+    def _hand_over(self, rt: RunningTask, attempt: Task, upstream: dict[str, Any], last: bool) -> None:
+        """Send a started attempt to its process (after the commit that recorded it)."""
+        child = rt.child
         try:
-            child.assign(attempt, self.registry.ref(task.type), upstream, self.settings.task_log(task.id), last=last)
+            child.assign(attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last)
         except OSError as exc:
             # It died just now: the loop finds it gone and records the attempt as CRASHED.
             rt.log.warning("executor_lost", pid=child.pid, error=str(exc))
             child.kill_tree()
             return
-        bound.info("task_started", pid=child.pid, attempt=started.retry_count + 1, process_attempt=child.attempts)
+        rt.log.info("task_started", pid=child.pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts)
+
+    def _flush_outbox(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for action in outbox:
+            try:
+                action()
+            except Exception:
+                log.exception("supervisor_error")
 
     def _idle_process(self, *, fresh: bool) -> children.ExecutorProcess:
         """An executor process waiting for work (one that never ran an attempt if `fresh`), or a new one."""
@@ -468,7 +494,7 @@ class Supervisor:
         )
         if outcome.action is Action.COMPLETE:
             try:
-                tasks.complete(self.conn, task.id, result.result if result else None, now=now)
+                tasks.complete(self.conn, task.id, result.result if result else None, now=now, known=task)
                 self.finished_counts["completed"] += 1
                 bound.info("task_completed")
                 return
@@ -488,16 +514,21 @@ class Supervisor:
             bound.info("task_cancelled")
         else:
             ended = tasks.fail(
-                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION, now=now
+                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
+                now=now, known=task,
             )
             self.finished_counts["failed"] += 1
             bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
         if executor is not None:
             hook_result = ExecuteResult(error=outcome.error, error_type=outcome.error_type)
-            try:
-                executor.on_task_failed(ended, hook_result)
-            except Exception:
-                bound.exception("on_task_failed_failed")
+
+            def hook() -> None:  # after the commit: the hook sees the failure recorded
+                try:
+                    executor.on_task_failed(ended, hook_result)
+                except Exception:
+                    bound.exception("on_task_failed_failed")
+
+            self._outbox.append(hook)
 
     # --- cancel, pause, deadlines ---------------------------------------------------------------
 

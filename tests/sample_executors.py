@@ -301,3 +301,14 @@ class LeaveReporter(TaskExecutor):
 
         threading.Thread(target=report_forever, daemon=True).start()
         return ExecuteResult(result={"left": "a reporter"})
+
+
+class StartTime(TaskExecutor):
+    """Returns the wall-clock time at which execute() was entered (latency measurements)."""
+
+    task_type = "START_TIME"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        import time
+
+        return ExecuteResult(result={"t": time.time()})

@@ -73,9 +73,21 @@ def open_database(
 
 @contextlib.contextmanager
 def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One atomic write transaction; nested uses join the outer one."""
+    """One atomic write transaction.
+
+    A nested use is a savepoint of the outer transaction: if it fails, its own changes are undone
+    and the outer transaction goes on (the supervisor runs a whole tick in one transaction, and one
+    task's refused transition must not take the others' changes with it).
+    """
     if conn.in_transaction:
-        yield conn
+        conn.execute("SAVEPOINT nested_write")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK TO nested_write")
+            conn.execute("RELEASE nested_write")
+            raise
+        conn.execute("RELEASE nested_write")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:

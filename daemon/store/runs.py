@@ -85,14 +85,22 @@ def list_runs(
 
 def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) -> None:
     """Move task counters for transitions just applied, then refresh the runs' statuses."""
-    tally = collections.Counter(shifts)
-    for (run_id, source, target), count in tally.items():
-        src, dst = COUNT_COLUMN[source], COUNT_COLUMN[target]
-        conn.execute(
-            f"UPDATE workflow_run SET {src} = {src} - ?, {dst} = {dst} + ? WHERE id = ?",
-            (count, count, run_id),
-        )
-    refresh_status(conn, {run_id for run_id, _, _ in tally}, now)
+    deltas: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for run_id, source, target in shifts:
+        deltas[run_id][COUNT_COLUMN[source]] -= 1
+        deltas[run_id][COUNT_COLUMN[target]] += 1
+    for run_id, delta in deltas.items():
+        changes = {column: n for column, n in delta.items() if n}
+        if not changes:
+            continue
+        # One statement per run: the counters move and the row comes back to derive the status.
+        set_sql = ", ".join(f"{column} = {column} + ?" for column in changes)
+        row = conn.execute(
+            f"UPDATE workflow_run SET {set_sql} WHERE id = ? RETURNING *", (*changes.values(), run_id)
+        ).fetchone()
+        if row is not None:
+            run = WorkflowRun.from_row(row)
+            _write_status(conn, run, run.counts, now)
 
 
 def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float) -> None:

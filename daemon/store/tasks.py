@@ -245,14 +245,23 @@ def transition(
     *,
     now: float,
     expect: Iterable[TaskStatus] | None = None,
+    known: Task | None = None,
     **fields: Any,
 ) -> Task:
     """Move one task to `target` if SPEC §3 allows it from its current status (and it is in `expect`).
 
-    Raises UnknownTask or InvalidTransition and changes nothing when refused.
+    `known` is a snapshot of the task the caller holds (the supervisor, for the tasks it runs): it
+    saves reading the row first. A stale snapshot is harmless, since the UPDATE re-checks the
+    status it names. Raises UnknownTask or InvalidTransition and changes nothing when refused.
     """
     with write(conn):
-        row = _current(conn, task_id)
+        if known is not None and known.id == task_id:
+            row: Mapping[str, Any] = {
+                "seq": known.seq, "id": known.id, "status": known.status.value,
+                "workflow_run_id": known.workflow_run_id,
+            }
+        else:
+            row = _current(conn, task_id)
         if expect is not None and TaskStatus(row["status"]) not in set(expect):
             raise InvalidTransition(task_id, row["status"], target.value)
         return _transition(conn, [row], target, now=now, fields=fields)[0]
@@ -300,6 +309,7 @@ def start(
     executor_pid: int | None = None,
     executor_started_at: float | None = None,
     is_pausable: bool = False,
+    known: Task | None = None,
 ) -> Task:
     """claimed → running, recording the executor process that runs it."""
     return transition(
@@ -308,20 +318,25 @@ def start(
         TaskStatus.RUNNING,
         now=now,
         expect=[TaskStatus.CLAIMED],
+        known=known,
         executor_pid=executor_pid,
         executor_started_at=executor_started_at,
         is_pausable=int(is_pausable),
     )
 
 
-def complete(conn: sqlite3.Connection, task_id: str, result: Any, *, now: float) -> Task:
+def complete(conn: sqlite3.Connection, task_id: str, result: Any, *, now: float, known: Task | None = None) -> Task:
     """running (or claimed, when skipped) → completed with `result`."""
-    return transition(conn, task_id, TaskStatus.COMPLETED, now=now, result=result, error=None, error_type=None)
+    return transition(
+        conn, task_id, TaskStatus.COMPLETED, now=now, known=known, result=result, error=None, error_type=None
+    )
 
 
-def fail(conn: sqlite3.Connection, task_id: str, *, error: str, error_type: str, now: float) -> Task:
+def fail(
+    conn: sqlite3.Connection, task_id: str, *, error: str, error_type: str, now: float, known: Task | None = None
+) -> Task:
     """→ failed for good; pending dependents are cancelled in the same transaction."""
-    return transition(conn, task_id, TaskStatus.FAILED, now=now, error=error, error_type=error_type)
+    return transition(conn, task_id, TaskStatus.FAILED, now=now, known=known, error=error, error_type=error_type)
 
 
 def retry(
