@@ -63,3 +63,31 @@ class BrokenHooks(TaskExecutor):
 
     def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
         raise RuntimeError("on_task_failed is broken")
+
+
+def _stored(db_path: str, task_id: str) -> dict[str, object]:
+    """The task's row as another process sees it (read-only: what is committed, nothing else)."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        status, pid = conn.execute("SELECT status, executor_pid FROM task WHERE id = ?", (task_id,)).fetchone()
+    finally:
+        conn.close()
+    return {"status": status, "executor_pid": pid}
+
+
+class SeesItsOwnRow(TaskExecutor):
+    """Reports how its task's row reads from outside the supervisor when execute() begins; raises
+    if `fail` is set, and then on_task_failed records how the row reads in `hook_file`."""
+
+    task_type = "SEES_ITS_ROW"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        seen = _stored(task.payload["db"], task.id)
+        if task.payload.get("fail"):
+            raise RuntimeError("failing on purpose")
+        return ExecuteResult(result={"seen": seen, "pid": os.getpid()})
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        Path(task.payload["hook_file"]).write_text(json.dumps(_stored(task.payload["db"], task.id)))

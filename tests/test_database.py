@@ -274,3 +274,17 @@ def test_committed_work_survives_kill_9(db_path: Path) -> None:
         assert tasks.claim_next(conn, T0).id == task_id
     finally:
         conn.close()
+
+
+def test_a_failed_nested_write_is_undone_alone(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE note (text TEXT)")
+    with db.write(conn):
+        conn.execute("INSERT INTO note VALUES ('outer, before')")
+        with pytest.raises(RuntimeError):
+            with db.write(conn):
+                conn.execute("INSERT INTO note VALUES ('nested')")
+                raise RuntimeError("refused")
+        with db.write(conn):
+            conn.execute("INSERT INTO note VALUES ('nested, kept')")
+        conn.execute("INSERT INTO note VALUES ('outer, after')")
+    assert [r[0] for r in conn.execute("SELECT text FROM note")] == ["outer, before", "nested, kept", "outer, after"]

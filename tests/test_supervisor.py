@@ -45,6 +45,7 @@ EXECUTORS = {
         "RECORDING_COUNT": "RecordingCounter",
         "SKIP_IF_EXISTS": "SkipIfExists",
         "BROKEN_HOOKS": "BrokenHooks",
+        "SEES_ITS_ROW": "SeesItsOwnRow",
     }.items()
 }
 
@@ -546,3 +547,31 @@ def test_idle_processes_end_with_the_supervisor(make_supervisor: Callable[..., S
     assert set(pids) <= set(idle)  # every process that ran a task is waiting for the next one
     sup.stop(grace=0, timeout=20)
     assert all(ended_process(pid) for pid in idle)
+
+
+# --- what is committed before a side effect ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("tasks_per_process", [1, 100])
+def test_an_executor_starts_only_once_its_running_row_and_pid_are_committed(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path, tasks_per_process: int
+) -> None:
+    sup = make_supervisor(max_workers=2, tasks_per_process=tasks_per_process)
+    db = str(tmp_path / "fredica.db")
+    specs = [parse_spec({"type": "SEES_ITS_ROW", "payload": {"db": db}}) for _ in range(20)]
+    for task_id in [t.id for t in sup.submit(specs).tasks]:
+        task = wait_ended(sup, task_id)
+        assert task.status is TaskStatus.COMPLETED, task.error
+        # So a crash can never leave a task running in a process recovery does not know of.
+        assert task.result["seen"] == {"status": "running", "executor_pid": task.result["pid"]}
+
+
+def test_on_task_failed_runs_once_the_failure_is_committed(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor()
+    hook_file = tmp_path / "hook.json"
+    payload = {"db": str(tmp_path / "fredica.db"), "fail": True, "hook_file": str(hook_file)}
+    task = wait_ended(sup, submit(sup, "SEES_ITS_ROW", payload=payload))
+    assert task.status is TaskStatus.FAILED
+    assert json.loads(wait_for(lambda: hook_file.exists() and hook_file.read_text()))["status"] == "failed"
