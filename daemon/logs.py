@@ -44,7 +44,7 @@ def configure(
         handler.close()
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        to_file = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=BACKUPS)
+        to_file = _RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=BACKUPS)
         to_file.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 foreign_pre_chain=shared,
@@ -69,3 +69,26 @@ def configure(
         )
         root.addHandler(to_stream)
     root.setLevel(level)
+
+
+class _RotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """RotatingFileHandler that formats each record once.
+
+    The stdlib's `shouldRollover` formats the record to measure it (and stats the file), then
+    `emit` formats it again: with two events per task that was half the cost of logging.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + self.terminator
+            if self.stream is None:
+                self.stream = self._open()
+            if self.maxBytes > 0 and self.stream.tell() + len(line) >= self.maxBytes and self.stream.tell() > 0:
+                self.doRollover()
+            self.stream.write(line)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+

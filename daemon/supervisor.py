@@ -86,6 +86,8 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
         self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
+        # The handles the last wait found ready; None: look at every child (no wait came first).
+        self._ready: set[Any] | None = None
         self._loop_ident: int | None = None
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
@@ -192,6 +194,7 @@ class Supervisor:
             if rt.channel_open:
                 handles.append(rt.child.status)
         ready = mp_connection.wait(handles, max(0.0, timeout))
+        self._ready = set(ready)
         if self._wake_r in ready:
             try:
                 while os.read(self._wake_r, 4096):
@@ -217,8 +220,9 @@ class Supervisor:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if rt.attempt_over():
+            if self._may_be_over(rt) and rt.attempt_over():
                 self._guard(rt, self._finish, rt, now)
+        self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
         self._flush_progress(now)
@@ -233,6 +237,12 @@ class Supervisor:
         if self.notifier.enabled:
             self.notifier.tick(now, self.summary())
         return self._next_timeout(now)
+
+    def _may_be_over(self, rt: RunningTask) -> bool:
+        """Whether to look at the attempt's process: asking a process if it has exited costs a
+        poll of its sentinel, and a process whose sentinel the last wait did not find ready had not
+        exited then (if it has since, its sentinel wakes the next wait at once)."""
+        return self._ready is None or rt.result is not None or not rt.channel_open or rt.child.sentinel in self._ready
 
     def summary(self) -> str:
         """One line for systemd's STATUS: what the daemon is doing."""
