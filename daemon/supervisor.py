@@ -166,20 +166,15 @@ class Supervisor:
         self._loop_ident = threading.get_ident()
         try:
             while True:
-                # Requests first, then the clock: a task submitted by a request is stamped before
-                # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
-                self._run_calls()
-                now = self.clock()
-                if self._stop_requested.is_set() and self._shutdown_deadline is None:
-                    self._shutdown_deadline = now + self._pending_grace
-                    log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
-                    self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
-                timeout = self.tick(now)
+                timeout = self.tick()
                 if self._shutdown_deadline is not None and not self.running:
                     break
                 self._wait(timeout)
         finally:
-            self._run_calls()  # answer whatever arrived during shutdown rather than leave it hanging
+            # Answer whatever arrived during shutdown rather than leave it hanging.
+            with db.write(self.conn):
+                answers = self._run_calls()
+            self._answer(answers)
             for process in self._idle:
                 process.dismiss()
             self._idle.clear()
@@ -204,15 +199,31 @@ class Supervisor:
 
     # --- one tick -------------------------------------------------------------------------------
 
-    def tick(self, now: float) -> float:
+    def tick(self, now: float | None = None) -> float:
         """One pass of the loop; returns how long the loop may sleep before the next one.
 
-        Everything the tick writes is one transaction (one commit, however many tasks it moves).
-        What must not happen before the commit waits in the outbox: a task is sent to its
-        executor process only once its `running` row, with that process's pid, is durable.
+        The requests handed over by other threads and everything the tick writes are one
+        transaction (one commit, however many tasks it moves). What must not happen before the
+        commit waits: a request is answered only once what it did is durable, and a task is sent
+        to its executor process only once its `running` row, with that process's pid, is.
         """
-        with db.write(self.conn):
-            timeout = self._tick(now)
+        answers: list[tuple[concurrent.futures.Future[Any], bool, Any]] = []
+        try:
+            with db.write(self.conn):
+                # Requests first, then the clock: a task submitted by a request is stamped before
+                # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
+                answers = self._run_calls()
+                now = self.clock() if now is None else now
+                if self._stop_requested.is_set() and self._shutdown_deadline is None:
+                    self._shutdown_deadline = now + self._pending_grace
+                    log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
+                    self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
+                timeout = self._tick(now)
+        except BaseException as exc:
+            for future, _, _ in answers:
+                future.set_exception(exc)  # rolled back: nothing they asked for happened
+            raise
+        self._answer(answers)
         self._flush_outbox()
         return timeout
 
@@ -260,17 +271,29 @@ class Supervisor:
         except Exception:
             rt.log.exception("supervisor_error")
 
-    def _run_calls(self) -> None:
+    def _run_calls(self) -> list[tuple[concurrent.futures.Future[Any], bool, Any]]:
+        """Run the requests handed over, each undone alone if it fails; their answers, to give
+        once the transaction they ran in is committed."""
+        answers = []
         while True:
             try:
                 fn, future = self._calls.get_nowait()
             except queue.Empty:
-                return
+                return answers
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn())
+                    with db.write(self.conn):
+                        answers.append((future, True, fn()))
                 except BaseException as exc:  # handed back to the caller, never kills the loop
-                    future.set_exception(exc)
+                    answers.append((future, False, exc))
+
+    @staticmethod
+    def _answer(answers: list[tuple[concurrent.futures.Future[Any], bool, Any]]) -> None:
+        for future, ok, value in answers:
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
 
     def _claim(self, now: float) -> None:
         while len(self.running) < self.settings.max_workers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -575,3 +576,17 @@ def test_on_task_failed_runs_once_the_failure_is_committed(
     task = wait_ended(sup, submit(sup, "SEES_ITS_ROW", payload=payload))
     assert task.status is TaskStatus.FAILED
     assert json.loads(wait_for(lambda: hook_file.exists() and hook_file.read_text()))["status"] == "failed"
+
+
+def test_a_request_is_answered_once_what_it_did_is_committed(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_workers=1)
+    outside = sqlite3.connect(f"file:{tmp_path / 'fredica.db'}?mode=ro", uri=True)
+    try:
+        for _ in range(30):
+            task_id = submit(sup, "ECHO")
+            # No waiting: the moment submit() returns, any other reader sees the task.
+            assert outside.execute("SELECT count(*) FROM task WHERE id = ?", (task_id,)).fetchone() == (1,)
+    finally:
+        outside.close()
