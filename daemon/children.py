@@ -109,7 +109,7 @@ class ExecutorProcess:
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dir(log_path.parent)
         # The Events belong to the process, not the attempt: a cancel or pause of the previous
         # attempt must not reach this one. The child reads them only while an attempt runs.
         self.cancel_event.clear()
@@ -232,6 +232,12 @@ class ExecutorProcess:
             except psutil.Error:
                 return None
         return None
+
+
+def _make_dir(path: Path) -> None:
+    """mkdir -p, for every attempt: a stat when the directory exists, as it nearly always does."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
 
 
 def start_process(context: ExecutorContext) -> ExecutorProcess:

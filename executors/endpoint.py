@@ -182,6 +182,12 @@ def serve(
     # Not for the executor's own children: a grandchild holding them would keep them open.
     os.set_inheritable(status_connection.fileno(), False)
     os.set_inheritable(assignments.fileno(), False)
+    null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
+    os.dup2(null, 0)
+    os.close(null)
+    # A segfault in an extension module then leaves a Python traceback in the task's log (fd 2
+    # is pointed at each attempt's log in turn), which the supervisor quotes in the CRASHED error.
+    faulthandler.enable(file=2, all_threads=True)
     while True:
         try:
             task, executor_ref, upstream, log_path, last = assignments.recv()
@@ -232,9 +238,6 @@ def _run_attempt(
     channel = AttemptChannel(status)
     try:
         log_file = _redirect_output(log_path)
-        # A segfault in an extension module then leaves a Python traceback in the task's log,
-        # which the supervisor quotes in the CRASHED error.
-        faulthandler.enable(file=sys.stderr, all_threads=True)
         endpoint_log, task_log, handler = _loggers(task, log_file)
         ctx = TaskContext(task, channel, cancel_event, resume_event, upstream=upstream, log=task_log)
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
@@ -264,7 +267,6 @@ def _run_attempt(
         endpoint_log.info("task finished: %s: %s", message["error_type"], message["error"])
     logging.getLogger().removeHandler(handler)
     _flush_output()
-    log_file.close()
     return exit_code
 
 
@@ -315,13 +317,12 @@ def _redirect_output(log_path: str) -> Any:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
-    os.dup2(null, 0)
-    os.close(null)
     # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    return open(log_path, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+    # The endpoint's own lines go through fd 2 too (a stream of our own: the executor may replace
+    # sys.stderr), so they interleave in order with what the executor prints.
+    return open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
 def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger, logging.Handler]:
