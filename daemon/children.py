@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import time
+from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
@@ -79,9 +80,11 @@ class Drained(NamedTuple):
 class ExecutorProcess:
     """One executor process: its status channel, cancel and resume Events, and its current attempt.
 
-    It is started idle (`start_process`), waiting on its assignment pipe, and runs the attempts it is
-    given one at a time. With `last=True` it exits after that attempt: the default, one process per
-    attempt. Otherwise it reports the result and waits for the next one (`tasks_per_process`).
+    It is started idle (`start_process`), waiting on its assignment pipe, and is given attempts one
+    at a time. A launcher (`fork_each`) runs each in a fresh fork of itself and reports its end with
+    an "exited" message; the pid the supervisor records is the launcher's, whose process tree
+    contains the attempt. Otherwise the process runs them itself: with `last=True` it exits after
+    that attempt, else it reports the result and waits for the next one (`tasks_per_process`).
     """
 
     process: BaseProcess
@@ -91,6 +94,11 @@ class ExecutorProcess:
     pid: int
     create_time: float | None  # None if the child was gone before it could be looked at
     assignments: Connection | None  # our end of the pipe attempts are sent on; None after the last
+    fork_each: bool = False  # a launcher: each attempt runs in a fresh fork of it
+    attempt_pid: int | None = None  # a launcher's fork waiting for the next attempt
+    # The process running the current attempt, by pid and start time: the launcher's fork, or
+    # this process itself. Stop escalation signals its tree, never a launcher's.
+    attempt_process: tuple[int, float | None] | None = None
     task_id: str | None = None  # the attempt it runs or ran last
     log_path: Path | None = None
     started: float = 0.0  # time.monotonic() when the current attempt was sent
@@ -101,6 +109,12 @@ class ExecutorProcess:
     _closed: bool = dataclasses.field(default=False, repr=False)
 
     # --- attempts -------------------------------------------------------------------------------
+
+    def next_attempt_process(self) -> tuple[int, float | None]:
+        """The pid and start time of the process the next attempt will run in, to record first."""
+        if self.fork_each and self.attempt_pid is not None:
+            return self.attempt_pid, process_start_time(self.attempt_pid)
+        return self.pid, self.create_time
 
     def assign(
         self, task: Task, executor_ref: str, upstream: Mapping[str, Any], log_path: Path, *, last: bool
@@ -115,6 +129,7 @@ class ExecutorProcess:
         self.cancel_event.clear()
         self.resume_event.set()
         self.task_id, self.log_path, self.last = task.id, log_path, last
+        self.attempt_process = self.next_attempt_process()
         self.attempts += 1
         self.started = time.monotonic()
         try:
@@ -146,6 +161,11 @@ class ExecutorProcess:
         # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
         exited = not self.is_alive()
         messages = self.status.drain(limit)
+        if self.fork_each:
+            for message in messages:
+                if message.get("type") == "exited":  # the launcher has forked the next attempt's process
+                    next_pid = message.get("next_pid")
+                    self.attempt_pid = next_pid if isinstance(next_pid, int) and not isinstance(next_pid, bool) else None
         if exited and not self.status.closed and (limit is None or len(messages) < limit):
             self.status.mark_closed("the executor process exited")
         return Drained(messages, not self.status.closed)
@@ -224,6 +244,11 @@ class ExecutorProcess:
         _send(sig, [*targets, *self._descendants.values()])
 
     def _root(self) -> psutil.Process | None:
+        if self.fork_each:
+            if self.attempt_process is None:
+                return None
+            pid, create_time = self.attempt_process
+            return find_leftover(pid, create_time) if create_time is not None else None
         if self.create_time is not None:
             return find_leftover(self.pid, self.create_time)
         if self.is_alive():
@@ -240,7 +265,7 @@ def _make_dir(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def start_process(context: ExecutorContext) -> ExecutorProcess:
+def start_process(context: ExecutorContext, *, fork_each: bool = False) -> ExecutorProcess:
     """Start an idle executor process, waiting for its first attempt (see `ExecutorProcess`).
 
     Starting a process costs milliseconds (the fork server's round trip, the child's set-up); the
@@ -253,7 +278,7 @@ def start_process(context: ExecutorContext) -> ExecutorProcess:
     resume_event.set()  # set = running; a pause clears it
     process = context.Process(
         target=endpoint.serve,
-        args=(task_reader, status_writer, cancel_event, resume_event),
+        args=(task_reader, status_writer, cancel_event, resume_event, fork_each),
         name="fredica-executor",
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
@@ -276,7 +301,7 @@ def start_process(context: ExecutorContext) -> ExecutorProcess:
         create_time: float | None = psutil.Process(pid).create_time()
     except psutil.Error:
         create_time = None
-    return ExecutorProcess(
+    started = ExecutorProcess(
         process=process,
         status=endpoint.StatusReader(status_reader),
         cancel_event=cancel_event,
@@ -284,7 +309,35 @@ def start_process(context: ExecutorContext) -> ExecutorProcess:
         pid=pid,
         create_time=create_time,
         assignments=task_writer,
+        fork_each=fork_each,
     )
+    if fork_each:
+        started.attempt_pid = _first_fork(started)
+    return started
+
+
+def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
+    """The pid a new launcher announces for its first fork (OSError if it does not)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        drained = launcher.drain(1)
+        for message in drained.messages:
+            if message.get("type") == "forked" and isinstance(message.get("pid"), int):
+                return message["pid"]
+        if not drained.open:
+            break
+        if not drained.messages:
+            mp_connection.wait([launcher.status, launcher.sentinel], max(0.0, deadline - time.monotonic()))
+    launcher.dismiss()
+    raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` started (psutil), or None if it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def spawn(

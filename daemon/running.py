@@ -28,6 +28,7 @@ class RunningTask:
     executor: TaskExecutor
     started_at: float
     result: ExecuteResult | None = None
+    attempt_exitcode: int | None = None  # a launcher's attempt: its fork's exit status, once exited
     progress: tuple[int, str | None] | None = None  # latest value not yet written
     progress_written_at: float = 0.0
     stop_reason: str | None = None  # "cancel", "timeout" or "shutdown"
@@ -57,14 +58,20 @@ class RunningTask:
             self.paused_since = None
 
     def reusable(self) -> bool:
-        """The attempt has reported and its process waits for another (tasks_per_process > 1)."""
-        return (
-            self.result is not None
-            and not self.child.last
-            and self.terminated_at is None  # a SIGTERMed process may be on its way out
-            and self.channel_open
-            and self.child.is_alive()
-        )
+        """The attempt is over and its process waits for another: a launcher whose fork has
+        exited, or (tasks_per_process > 1) a process that reported a result and was not told it
+        was its last attempt."""
+        if self.child.fork_each:
+            # Stop escalation signals the fork's tree, never the launcher: it stays usable.
+            over = self.attempt_exitcode is not None
+        else:
+            # A SIGTERMed process may be on its way out.
+            over = self.result is not None and not self.child.last and self.terminated_at is None
+        return over and self.channel_open and self.child.is_alive()
+
+    def exit_status(self) -> int | None:
+        """How the attempt's process ended: the launcher's fork, else the executor process."""
+        return self.attempt_exitcode if self.attempt_exitcode is not None else self.child.exitcode
 
     def attempt_over(self) -> bool:
         """True once the attempt's outcome is known: its process has exited, or it is reusable."""

@@ -253,7 +253,13 @@ class Supervisor:
         """Whether to look at the attempt's process: asking a process if it has exited costs a
         poll of its sentinel, and a process whose sentinel the last wait did not find ready had not
         exited then (if it has since, its sentinel wakes the next wait at once)."""
-        return self._ready is None or rt.result is not None or not rt.channel_open or rt.child.sentinel in self._ready
+        return (
+            self._ready is None
+            or rt.result is not None
+            or rt.attempt_exitcode is not None
+            or not rt.channel_open
+            or rt.child.sentinel in self._ready
+        )
 
     def summary(self) -> str:
         """One line for systemd's STATUS: what the daemon is doing."""
@@ -354,18 +360,23 @@ class Supervisor:
             tasks.complete(self.conn, task.id, {"skipped": True}, now=now)
             bound.info("task_skipped")
             return
-        child = self._idle_process(fresh=executor.needs_fresh_process)
-        last = executor.needs_fresh_process or child.attempts + 1 >= self.settings.tasks_per_process
+        # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
+        # > 1) a process that runs attempts itself, until it has run that many.
+        fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
+        child = self._idle_process(launcher=fresh)
+        last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
         # The process is recorded before it is given the task: if the daemon dies in between, the
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
         # never runs unrecorded, and never twice.
+        # For a launcher, its waiting fork: the process recovery must find is the one that runs it.
+        pid, pid_started = child.next_attempt_process()
         started = tasks.start(
             self.conn,
             task.id,
             known=task,
             now=now,
-            executor_pid=child.pid,
-            executor_started_at=child.create_time,
+            executor_pid=pid,
+            executor_started_at=pid_started,
             is_pausable=executor.pausable,
         )
         self.running[task.id] = rt = RunningTask(task=started, child=child, executor=executor, started_at=now)
@@ -383,7 +394,9 @@ class Supervisor:
             rt.log.warning("executor_lost", pid=child.pid, error=str(exc))
             child.kill_tree()
             return
-        rt.log.info("task_started", pid=child.pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts)
+        rt.log.info(
+            "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
+        )
 
     def _flush_outbox(self) -> None:
         outbox, self._outbox = self._outbox, []
@@ -393,26 +406,26 @@ class Supervisor:
             except Exception:
                 log.exception("supervisor_error")
 
-    def _idle_process(self, *, fresh: bool) -> children.ExecutorProcess:
-        """An executor process waiting for work (one that never ran an attempt if `fresh`), or a new one."""
-        # Newest first: a process that has just finished an attempt is reused before the fresh
-        # spare, which stays ready for a task that needs a fresh process.
+    def _idle_process(self, *, launcher: bool) -> children.ExecutorProcess:
+        """An idle launcher, or an idle process that runs attempts itself; started if none waits."""
+        # Newest first: a process that has just finished an attempt is reused before the spare.
         for process in reversed(list(self._idle)):
-            if fresh and process.attempts:
+            if process.fork_each != launcher:
                 continue
             self._idle.remove(process)
             if process.is_alive():
                 return process
             log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
             process.close()
-        return children.start_process(self.context)
+        return children.start_process(self.context, fork_each=launcher)
 
     def _keep_a_spare(self) -> None:
         """Start the next task's process now, while nothing waits for it."""
         if not self.settings.warm_spare or self._idle:
             return
         try:
-            self._idle.append(children.start_process(self.context))
+            launcher = self.settings.tasks_per_process == 1
+            self._idle.append(children.start_process(self.context, fork_each=launcher))
         except Exception:
             log.exception("spare_executor_failed")
 
@@ -446,6 +459,9 @@ class Supervisor:
             rt.result = ExecuteResult(
                 result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
             )
+        elif kind == "exited" and rt.child.fork_each:
+            code = message.get("exitcode")
+            rt.attempt_exitcode = code if isinstance(code, int) and not isinstance(code, bool) else -1
         else:
             rt.log.warning("unknown_executor_message", kind=str(kind))
 
@@ -481,6 +497,8 @@ class Supervisor:
         del self.running[rt.task.id]
         if reusable:
             self._idle.append(rt.child)
+        elif rt.child.is_alive():  # it may not run another attempt: it exits when dismissed
+            rt.child.dismiss()
         else:
             rt.child.close()
         result = rt.result
@@ -494,7 +512,7 @@ class Supervisor:
         elif rt.stop_reason == "cancel" and not succeeded:
             error, error_type = "cancelled by user", models.CANCELLED
         elif result is None:
-            exit_text = children.describe_exit(rt.child.exitcode)
+            exit_text = children.describe_exit(rt.exit_status())
             error = f"executor process died without a result ({exit_text})"
             last_lines = children.tail(rt.child.log_path, 20)
             if last_lines:

@@ -12,10 +12,12 @@ message never blocks it, and it only ever decodes data, never pickles from a chi
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -37,6 +39,7 @@ HEADER_SIZE = 4
 MAX_MESSAGE = 64 * 1024 * 1024
 READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
 MAX_ERROR = 10_000
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
@@ -168,12 +171,15 @@ def serve(
     status_connection: Connection,
     cancel_event: Event,
     resume_event: Event,
+    fork_each: bool = False,
 ) -> None:
     """Entry point of an executor process: run the attempts the supervisor sends, one at a time.
 
-    Each assignment says whether it is the process's last. After the last one, or when the
-    assignment pipe closes (dismissed, or the supervisor is gone), the process exits with
-    `os._exit`, so threads or processes an executor left behind cannot keep its worker slot busy.
+    With `fork_each`, the process is a launcher: each attempt runs in a fresh fork of it (see
+    `_launch_each_attempt`). Otherwise it runs them itself; each assignment then says whether it
+    is the process's last. After the last one, or when the assignment pipe closes (dismissed, or
+    the supervisor is gone), the process exits with `os._exit`, so threads or processes an
+    executor left behind cannot keep its worker slot busy.
     """
     # The supervisor decides when a task stops; a Ctrl-C on the daemon's terminal reaches the whole
     # foreground process group and must not kill executors behind its back.
@@ -188,6 +194,8 @@ def serve(
     # A segfault in an extension module then leaves a Python traceback in the task's log (fd 2
     # is pointed at each attempt's log in turn), which the supervisor quotes in the CRASHED error.
     faulthandler.enable(file=2, all_threads=True)
+    if fork_each:
+        _launch_each_attempt(assignments, status, cancel_event, resume_event)
     while True:
         try:
             task, executor_ref, upstream, log_path, last = assignments.recv()
@@ -198,6 +206,95 @@ def serve(
         if last or exit_code:
             assignments.close()
             _shut_down(status, exit_code)
+
+
+def _launch_each_attempt(
+    assignments: Connection, status: StatusQueue, cancel_event: Event, resume_event: Event
+) -> NoReturn:
+    """Run every attempt in a fresh fork of this process, which itself never runs executor code.
+
+    The next attempt's process is forked before its task arrives, so a task starts with one
+    hand-over instead of a process start. Once that process has exited, the launcher forks the
+    next one and sends an "exited" message with the exit status and the next fork's pid: it
+    follows everything the attempt sent, since the attempt's writes were done before it exited. A launcher that dies takes its attempt with it
+    (PR_SET_PDEATHSIG), so an attempt never outlives the process the supervisor recorded for it.
+    """
+    launcher = os.getpid()
+    prctl = _prctl()
+
+    def fork_next() -> tuple[int, int]:
+        handoff_r, handoff_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(handoff_w)
+            assignments.close()  # the launcher's: the attempt reads only its hand-over pipe
+            _die_with_parent(launcher, prctl)
+            _run_handed_attempt(handoff_r, status, cancel_event, resume_event)
+        os.close(handoff_r)
+        return pid, handoff_w
+
+    # The supervisor records the pid of the fork that will run the attempt before it sends the
+    # task, as for any executor process: so each fork is announced as soon as it exists.
+    pid, handoff_w = fork_next()
+    status.put({"type": "forked", "pid": pid})
+    while True:
+        try:
+            data = assignments.recv_bytes()
+        except (EOFError, OSError):
+            # Dismissed, or the supervisor is gone: the waiting fork reads end-of-file and exits.
+            os.close(handoff_w)
+            os.waitpid(pid, 0)
+            _shut_down(status, 0)
+        try:
+            _write_all(handoff_w, data)
+        except OSError:
+            pass  # the fork died before taking its task: its exit status below says how
+        finally:
+            os.close(handoff_w)
+        _, wait_status = os.waitpid(pid, 0)
+        exitcode = os.waitstatus_to_exitcode(wait_status)
+        pid, handoff_w = fork_next()
+        try:
+            status.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
+        except OSError:
+            _shut_down(status, 1)  # the supervisor is gone
+
+
+def _run_handed_attempt(
+    handoff: int, status: StatusQueue, cancel_event: Event, resume_event: Event
+) -> NoReturn:
+    """The forked attempt: wait for its task on the hand-over pipe, run it, exit."""
+    chunks = []
+    while chunk := os.read(handoff, READ_CHUNK):
+        chunks.append(chunk)
+    os.close(handoff)
+    if not chunks:
+        os._exit(0)  # the launcher was dismissed before a task came
+    task, executor_ref, upstream, log_path, _last = pickle.loads(b"".join(chunks))
+    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, cancel_event, resume_event))
+
+
+def _prctl() -> Any:
+    """libc's prctl, or None where there is none (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent(parent: int, prctl: Any) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; nothing elsewhere)."""
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class AttemptChannel:

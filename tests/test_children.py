@@ -483,10 +483,10 @@ def test_fork_is_refused() -> None:
 # --- processes started ahead of their task, and processes that run several attempts -------------
 
 
-def read_until_result(child: children.ExecutorProcess) -> list[dict[str, Any]]:
-    """Messages up to and including the next result, for a process that goes on afterwards."""
+def read_until(child: children.ExecutorProcess, kind: str = "result") -> list[dict[str, Any]]:
+    """Messages up to and including the next of type `kind`, for a process that goes on afterwards."""
     seen: list[dict[str, Any]] = []
-    next_message(child, "result", seen)
+    next_message(child, kind, seen)
     return seen
 
 
@@ -536,7 +536,7 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
         for n, log_path in enumerate(logs):
             task = make_task("STATE", id=f"task-{n}")
             process.assign(task, "tests.sample_executors:ProcessState", {}, log_path, last=n == 2)
-            messages = read_until_result(process) if n < 2 else collect(process)
+            messages = read_until(process) if n < 2 else collect(process)
             results.append(result_of(messages)["result"])
             if n < 2:
                 assert process.is_alive()  # waiting for the next attempt
@@ -553,16 +553,21 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
         process.close()
 
 
+def pause_then_cancel_a_counter(process: children.ExecutorProcess, tmp_path: Path) -> None:
+    """Give `process` a counting attempt, pause it once it counts, then cancel it."""
+    payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
+    process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "a.log", last=False)
+    wait_for(lambda: (tmp_path / "c").exists())
+    process.pause()
+    wait_for(lambda: read(tmp_path / "s") == "paused")
+    process.request_cancel()
+
+
 def test_a_cancel_or_a_pause_of_one_attempt_does_not_reach_the_next(tmp_path: Path, forkserver: Any) -> None:
     process = children.start_process(forkserver)
     try:
-        payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
-        process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "a.log", last=False)
-        wait_for(lambda: (tmp_path / "c").exists())
-        process.pause()
-        wait_for(lambda: read(tmp_path / "s") == "paused")
-        process.request_cancel()
-        assert result_of(read_until_result(process))["error_type"] == "CANCELLED"
+        pause_then_cancel_a_counter(process, tmp_path)
+        assert result_of(read_until(process))["error_type"] == "CANCELLED"
         process.assign(make_task("STATE"), "tests.sample_executors:ProcessState", {}, tmp_path / "b.log", last=True)
         result = result_of(collect(process))["result"]
         assert result == {"pid": process.pid, "cancelled": False, "running": True}
@@ -575,10 +580,91 @@ def test_a_thread_an_attempt_left_behind_cannot_report_for_the_next(tmp_path: Pa
     try:
         ref = "tests.sample_executors:LeaveReporter"
         process.assign(make_task("LEAVE_REPORTER"), ref, {}, tmp_path / "a.log", last=False)
-        read_until_result(process)
+        read_until(process)
         # The reporter is still running in the process: it reports every millisecond or so.
         process.assign(make_task("STATE"), "tests.sample_executors:ProcessState", {}, tmp_path / "b.log", last=True)
         messages = collect(process)
         assert [m["type"] for m in messages] == ["result"] and messages[0]["result"]["pid"] == process.pid
     finally:
         process.close()
+
+
+# --- launchers: each attempt in a fresh fork, forked before its task arrives -----------------------
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_method: str) -> None:
+    launcher = children.start_process(children.make_context(start_method), fork_each=True)
+    try:
+        pids = []
+        for n in range(3):
+            announced = launcher.attempt_pid
+            assert announced is not None and announced != launcher.pid
+            launcher.assign(make_task("STATE", id=f"task-{n}"), "tests.sample_executors:ProcessState", {},
+                            tmp_path / f"{n}.log", last=False)
+            messages = read_until(launcher, "exited")
+            assert [m["type"] for m in messages] == ["result", "exited"]
+            assert messages[0]["result"] == {"pid": announced, "cancelled": False, "running": True}
+            assert messages[1]["exitcode"] == 0 and messages[1]["next_pid"] == launcher.attempt_pid != announced
+            assert gone(announced)
+            pids.append(announced)
+        assert len(set(pids)) == 3 and launcher.is_alive()
+        assert "attempt of task-1" in (tmp_path / "1.log").read_text()
+        waiting = launcher.attempt_pid
+        launcher.dismiss()
+        assert launcher.exitcode == 0 and gone(waiting)
+    finally:
+        launcher.close()
+
+
+def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(tmp_path: Path, forkserver: Any) -> None:
+    launcher = children.start_process(forkserver, fork_each=True)
+    try:
+        launcher.assign(make_task("EXIT", {"code": 3}), "tests.sample_executors:ExitAbruptly", {}, tmp_path / "a.log",
+                        last=False)
+        assert [(m["type"], m.get("exitcode")) for m in read_until(launcher, "exited")] == [("exited", 3)]
+        launcher.assign(make_task("SEGFAULT"), "tests.sample_executors:Segfault", {}, tmp_path / "b.log", last=False)
+        assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGSEGV
+        assert "Fatal Python error" in (tmp_path / "b.log").read_text()  # faulthandler, set up once
+        launcher.assign(make_task("ECHO", {"c": 3}), "tests.sample_executors:Echo", {}, tmp_path / "c.log", last=True)
+        messages = collect(launcher)
+        assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"c": 3}
+        assert launcher.exitcode == 0  # told it was the last: it exits after that attempt
+    finally:
+        launcher.close()
+
+
+def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_path: Path, forkserver: Any) -> None:
+    launcher = children.start_process(forkserver, fork_each=True)
+    try:
+        pause_then_cancel_a_counter(launcher, tmp_path)
+        messages = read_until(launcher, "exited")
+        assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
+        # An attempt that ignores SIGTERM: the tree signalled is the attempt's, not the launcher's.
+        ready = tmp_path / "ready"
+        launcher.assign(make_task("HANG", {"ready_file": str(ready), "ignore_sigterm": True}),
+                        "tests.sample_executors:Hang", {}, tmp_path / "b.log", last=False)
+        wait_for(ready.exists)
+        attempt = int(ready.read_text())
+        assert attempt == launcher.attempt_process[0]
+        launcher.terminate_tree()
+        launcher.kill_tree()
+        assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
+        assert gone(attempt) and launcher.is_alive()
+    finally:
+        launcher.kill_tree()
+        launcher.reap(5)
+        launcher.close()
+
+
+def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> None:
+    launcher = children.start_process(forkserver, fork_each=True)
+    ready = tmp_path / "ready"
+    launcher.assign(make_task("HANG", {"ready_file": str(ready)}), "tests.sample_executors:Hang", {},
+                    tmp_path / "a.log", last=False)
+    wait_for(ready.exists)
+    attempt = int(ready.read_text())
+    os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone: the kernel ends the attempt too
+    assert launcher.reap(5) == -signal.SIGKILL
+    wait_for(lambda: gone(attempt))
+    launcher.close()

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import models
+from daemon import children, models
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
@@ -454,21 +454,34 @@ def test_priorities_and_dependencies_end_to_end(make_supervisor: Callable[..., S
     assert [t.id for t in by_start] == [high, same_a, same_b, low, blocked_high]
 
 
-def test_the_next_task_runs_in_the_spare_started_ahead_of_it(make_supervisor: Callable[..., Supervisor]) -> None:
-    sup = make_supervisor()
+def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_workers=1)
     spare = wait_for(lambda: sup.call(lambda: list(sup._idle)))[0]
+    assert spare.fork_each
+    waiting = spare.attempt_pid
+    first = wait_ended(sup, submit(sup, "STATE"))
+    assert first.status is TaskStatus.COMPLETED
+    # The fork that was waiting ran it, and is recorded as its executor process, start time included.
+    assert first.executor_pid == first.result["pid"] == waiting != spare.pid
+    assert first.executor_started_at == pytest.approx(children.process_start_time(spare.pid), abs=0.05)
+    wait_for(lambda: ended_process(waiting))
+    second = wait_ended(sup, submit(sup, "STATE"))
+    # A new fork for the next task, from the same launcher, which waits again for the next one
+    # (beside the spare started when the first task took it).
+    assert second.executor_pid not in (waiting, spare.pid)
+    assert spare.attempts == 2 and spare.is_alive()
+    idle = sup.call(lambda: list(sup._idle))
+    assert spare in idle and len(idle) == 2
+
+
+def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(warm_spare=False)
+    assert sup.call(lambda: list(sup._idle)) == []
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED
-    assert (task.executor_pid, task.executor_started_at) == (spare.pid, spare.create_time)
-    # A new spare waits for the next task, and the used process is gone.
-    assert wait_for(lambda: sup.call(lambda: [p for p in sup._idle if p is not spare]))
-    assert wait_for(lambda: ended_process(spare.pid))
-
-
-def test_without_a_warm_spare_each_task_gets_a_fresh_process(make_supervisor: Callable[..., Supervisor]) -> None:
-    sup = make_supervisor(warm_spare=False)
-    task = wait_ended(sup, submit(sup, "ECHO"))
-    assert task.status is TaskStatus.COMPLETED and sup.call(lambda: list(sup._idle)) == []
+    assert [p.fork_each for p in sup.call(lambda: list(sup._idle))] == [True]  # its launcher
 
 
 # --- tasks_per_process > 1: processes that run several attempts ------------------------------------
