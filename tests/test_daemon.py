@@ -44,13 +44,22 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     wait_for(lambda: ready[0].exists() and pid_file.exists())
     executor_pids = [d.task(hang)["executor_pid"], d.task(grand_id)["executor_pid"]]
     grandchild_pid = int(pid_file.read_text())
+    launchers = {psutil.Process(pid).ppid() for pid in executor_pids}  # each waits for its attempt
+    assert d.process is not None
+    daemon = psutil.Process(d.process.pid)
+    family = {p.pid for p in daemon.children(recursive=True)}
+    helpers = {p.pid for p in daemon.children()}  # the fork server and the resource tracker
+    idle = family - {*executor_pids, grandchild_pid, *launchers, *helpers}
+    assert len(idle) == 2  # the warm spare launcher and the fork it keeps waiting
 
     d.kill9()
-    # The executors outlive the supervisor.
+    # The executors outlive the supervisor; processes with no task end with it.
     assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])
+    for pid in idle:
+        wait_for(lambda: gone(pid))
 
     d.start()
-    for pid in [*executor_pids, grandchild_pid]:
+    for pid in [*executor_pids, grandchild_pid, *launchers]:
         wait_for(lambda: gone(pid))
     for task_id in (hang, grand_id):
         task = d.task(task_id)

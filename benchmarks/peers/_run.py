@@ -547,8 +547,9 @@ class TaskSpooler:
 def fredica_cpu(n: int) -> list[tuple[str, float]]:
     """One W1 of `n` no-op tasks (as `_throughput.w1_batch`), with the CPU time of every process
     and thread involved, per task: the supervisor's loop thread, the rest of this process (mostly
-    the watcher's 5 ms polls), the fork server itself (its forks), the executor children (which the
-    fork server reaps, so their CPU is its `children_*` time), multiprocessing's resource tracker."""
+    the watcher's 5 ms polls), the fork server, the launchers (the fork server's children, alive
+    throughout), the attempts' forks (reaped by the launchers, so their CPU is the launchers'
+    `children_*` time), multiprocessing's resource tracker."""
     me = psutil.Process()
     specs = _throughput.noop_specs(n)
     with _throughput.supervisor(METHOD) as (sup, path):
@@ -566,20 +567,28 @@ def fredica_cpu(n: int) -> list[tuple[str, float]]:
             f"resource tracker {helpers['resource_tracker'].pid})"
         )
         watch = _throughput.reader(path)
+        launchers: dict[int, psutil.Process] = {}
 
         def snapshot() -> dict[str, float]:
+            for proc in helpers["forkserver"].children():
+                launchers.setdefault(proc.pid, proc)
             threads = {t.id: t.user_time + t.system_time for t in me.threads()}
             mine, fs, rt = me.cpu_times(), helpers["forkserver"].cpu_times(), helpers["resource_tracker"].cpu_times()
-            # /proc/PID/stat fields 10 and 11: minflt, cminflt (minor faults of its reaped children)
-            stat = Path(f"/proc/{helpers['forkserver'].pid}/stat").read_text().rsplit(")", 1)[1].split()
+            totals = {"launchers": 0.0, "attempts": 0.0, "attempt_faults": 0.0}
+            for proc in launchers.values():
+                with contextlib.suppress(psutil.Error, OSError):
+                    times = proc.cpu_times()
+                    # /proc/PID/stat field 11: cminflt (minor faults of its reaped children)
+                    stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    totals["launchers"] += times.user + times.system
+                    totals["attempts"] += times.children_user + times.children_system
+                    totals["attempt_faults"] += float(stat[11 - 3])
             return {
-                "server_faults": float(stat[10 - 3]),
-                "child_faults": float(stat[11 - 3]),
                 "loop": threads[loop_tid],
                 "process": mine.user + mine.system,
-                "forkserver": fs.user + fs.system,
-                "children": fs.children_user + fs.children_system,
+                "forkserver": fs.user + fs.system + fs.children_user + fs.children_system,
                 "tracker": rt.user + rt.system,
+                **totals,
             }
 
         before = snapshot()
@@ -587,22 +596,23 @@ def fredica_cpu(n: int) -> list[tuple[str, float]]:
         sup.submit(specs)
         wait_until(lambda: _throughput.finished_count(watch) == n, timeout=max(120.0, n * 0.5), interval=0.005)
         wall = time.perf_counter() - t0
-        time.sleep(0.3)  # the last children reaped by the fork server
+        time.sleep(0.3)  # the last attempts reaped by their launchers
         after = snapshot()
         _throughput.check_all_completed(watch, n)
         watch.close()
+    # Launchers started during the run count from zero.
     d = {k: (after[k] - before[k]) / n * 1000 for k in before}
     rows = [
         ("wall clock per task (W1)", wall / n * 1000),
         ("CPU: supervisor loop thread", d["loop"]),
         ("CPU: rest of the benchmark process (watcher polls, submit)", d["process"] - d["loop"]),
-        ("CPU: fork server (its forks)", d["forkserver"]),
-        ("CPU: executor children (fork to exit)", d["children"]),
-        ("CPU: resource tracker (semaphore (un)registration)", d["tracker"]),
+        ("CPU: fork server (starting launchers)", d["forkserver"]),
+        ("CPU: launchers (forking, handing over, reaping)", d["launchers"]),
+        ("CPU: attempts' forks (fork to exit)", d["attempts"]),
+        ("CPU: resource tracker", d["tracker"]),
     ]
     rows.append(("CPU: total", sum(v for label, v in rows[1:])))
-    rows.append(("minor page faults per task in the fork server (a count, not ms)", d["server_faults"] / 1000))
-    rows.append(("minor page faults per executor child (a count, not ms)", d["child_faults"] / 1000))
+    rows.append(("minor page faults per attempt's fork (a count, not ms)", d["attempt_faults"] / 1000))
     return rows
 
 
