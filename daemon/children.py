@@ -1,4 +1,4 @@
-"""Executor subprocesses: start them, hand them attempts, steer them by Events, end their trees.
+"""Executor subprocesses: start them, hand them attempts, steer them, end their process trees.
 
 By default every attempt of every task runs in a fresh process, so killing one task's process never
 touches another task (`tasks_per_process` > 1 lets a process run several, one at a time). The default start method is "forkserver": each child is a fork of a small, warm
@@ -26,11 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import psutil
 
-from executors import endpoint
+from executors import channel, endpoint, steering
 
 if TYPE_CHECKING:
-    from multiprocessing.synchronize import Event
-
     from daemon.models import Task
 
 START_METHODS = ("forkserver", "spawn")
@@ -78,23 +76,23 @@ class Drained(NamedTuple):
 
 @dataclasses.dataclass(eq=False)
 class ExecutorProcess:
-    """One executor process: its status channel, cancel and resume Events, and its current attempt.
+    """One executor process: its pipes (assignments and control commands in, status out) and its
+    current attempt.
 
     It is started idle (`start_process`), waiting on its assignment pipe, and is given attempts one
-    at a time. A launcher (`fork_each`) runs each in a fresh fork of itself and reports its end with
-    an "exited" message; the pid the supervisor records is the launcher's, whose process tree
-    contains the attempt. Otherwise the process runs them itself: with `last=True` it exits after
-    that attempt, else it reports the result and waits for the next one (`tasks_per_process`).
+    at a time. A launcher (`fork_each`) runs each in a fresh fork of itself, forked ahead of its
+    task, and reports on a pipe of its own ("forked", "exited"); the pid recorded for the task is
+    the fork's. Otherwise the process runs them itself: with `last=True` it exits after that
+    attempt, else it reports the result and waits for the next one (`tasks_per_process`).
     """
 
     process: BaseProcess
-    status: endpoint.StatusReader
-    cancel_event: Event
-    resume_event: Event
+    status: channel.StatusReader
+    control: Connection  # our end of the pipe cancel, pause and resume commands go down
     pid: int
     create_time: float | None  # None if the child was gone before it could be looked at
     assignments: Connection | None  # our end of the pipe attempts are sent on; None after the last
-    fork_each: bool = False  # a launcher: each attempt runs in a fresh fork of it
+    reports: channel.StatusReader | None = None  # a launcher's own messages; None: not a launcher
     attempt_pid: int | None = None  # a launcher's fork waiting for the next attempt
     # The process running the current attempt, by pid and start time: the launcher's fork, or
     # this process itself. Stop escalation signals its tree, never a launcher's.
@@ -124,10 +122,6 @@ class ExecutorProcess:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
         _make_dir(log_path.parent)
-        # The Events belong to the process, not the attempt: a cancel or pause of the previous
-        # attempt must not reach this one. The child reads them only while an attempt runs.
-        self.cancel_event.clear()
-        self.resume_event.set()
         self.task_id, self.log_path, self.last = task.id, log_path, last
         self.attempt_process = self.next_attempt_process()
         self.attempts += 1
@@ -147,43 +141,81 @@ class ExecutorProcess:
             self.assignments = None
         if self.reap(timeout) is None:
             self.kill_tree()
+            self.process.kill()  # a launcher is not in its attempt's tree
             self.reap(timeout)
         self.close()
 
     # --- the status channel ---------------------------------------------------------------------
+
+    @property
+    def fork_each(self) -> bool:
+        """A launcher: each attempt runs in a fresh fork of it."""
+        return self.reports is not None
 
     def drain(self, limit: int | None = None) -> Drained:
         """Read up to `limit` messages (all available if None) without blocking; never raises.
 
         Once the child has exited and its messages are read, the channel counts as closed even if
         a descendant inherited its end of the pipe: nothing the child wrote can still be missing.
+        A launcher's "exited" report comes last, after everything its fork wrote.
         """
         # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
         exited = not self.is_alive()
+        report = self._exit_report() if self.reports is not None else None
+        if report is not None:
+            # The fork has exited, so all it wrote is in the pipe: read it to the end, and drop
+            # the start of a message it was killed in the middle of.
+            messages = self.status.drain(None)
+            self.status.discard_partial()
+            return Drained([*messages, report], not self.status.closed)
         messages = self.status.drain(limit)
-        if self.fork_each:
-            for message in messages:
-                if message.get("type") == "exited":  # the launcher has forked the next attempt's process
-                    next_pid = message.get("next_pid")
-                    self.attempt_pid = next_pid if isinstance(next_pid, int) and not isinstance(next_pid, bool) else None
         if exited and not self.status.closed and (limit is None or len(messages) < limit):
             self.status.mark_closed("the executor process exited")
         return Drained(messages, not self.status.closed)
 
+    def _exit_report(self) -> dict[str, Any] | None:
+        """The launcher's "exited" report, if one has come (and the next fork's pid noted)."""
+        assert self.reports is not None
+        for report in self.reports.drain(1):
+            if report.get("type") == "exited":
+                next_pid = report.get("next_pid")
+                valid = isinstance(next_pid, int) and not isinstance(next_pid, bool)
+                self.attempt_pid = next_pid if valid else None
+                return report
+        return None
+
+    def fds(self) -> list[Any]:
+        """What to wait on for news of this process: its sentinel and open channels."""
+        handles: list[Any] = [self.sentinel]
+        if not self.status.closed:
+            handles.append(self.status)
+        if self.reports is not None and not self.reports.closed:
+            handles.append(self.reports)
+        return handles
+
     # --- steering -------------------------------------------------------------------------------
 
     def request_cancel(self) -> None:
-        """Ask the executor to stop; wakes it if paused (cancel is set first, so it sees why)."""
-        self.cancel_event.set()
-        self.resume_event.set()
+        """Ask the attempt to stop; wakes it if paused (cancel is set first, so it sees why)."""
+        self._command("cancel")
 
     def pause(self) -> None:
-        """Pause a pausable executor at its next `wait_if_paused`."""
-        self.resume_event.clear()
+        """Pause a pausable attempt at its next `wait_if_paused`."""
+        self._command("pause")
 
     def resume(self) -> None:
-        """Let a paused executor continue."""
-        self.resume_event.set()
+        """Let a paused attempt continue."""
+        self._command("resume")
+
+    def _command(self, kind: str) -> None:
+        # Never blocks: the pipe is full only if the process stopped reading it (stuck or dead),
+        # and then stop escalation's signals are what ends the attempt.
+        if self.task_id is None:
+            return
+        try:
+            os.write(self.control.fileno(), steering.command(kind, self.task_id))
+        except OSError:
+            pass
 
     # --- the process ----------------------------------------------------------------------------
 
@@ -228,6 +260,10 @@ class ExecutorProcess:
             self.assignments.close()
             self.assignments = None
         self.status.close()
+        if self.reports is not None:
+            self.reports.close()
+        if not self.control.closed:
+            self.control.close()
         self._exitcode = self.reap(0.0)
         if self._exitcode is not None:
             self.process.close()
@@ -271,14 +307,16 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
     Starting a process costs milliseconds (the fork server's round trip, the child's set-up); the
     supervisor starts one ahead of time (`warm_spare`), so dispatch is one message.
     """
-    status_reader, status_writer = context.Pipe(duplex=False)
-    task_reader, task_writer = context.Pipe(duplex=False)
-    cancel_event = context.Event()
-    resume_event = context.Event()
-    resume_event.set()  # set = running; a pause clears it
+    # Pipe(duplex=False) is (reader, writer): attempts and commands go down, status and reports come up.
+    assignments_in, assignments = context.Pipe(duplex=False)
+    control_in, control = context.Pipe(duplex=False)
+    status, status_out = context.Pipe(duplex=False)
+    reports, reports_out = context.Pipe(duplex=False) if fork_each else (None, None)
+    ours = [c for c in (assignments, control, status, reports) if c is not None]
+    theirs = [c for c in (assignments_in, control_in, status_out, reports_out) if c is not None]
     process = context.Process(
         target=endpoint.serve,
-        args=(task_reader, status_writer, cancel_event, resume_event, fork_each),
+        args=(assignments_in, control_in, status_out, reports_out),
         name="fredica-executor",
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
@@ -287,29 +325,25 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
     try:
         process.start()
     except BaseException:
-        status_reader.close()
-        task_writer.close()
+        for connection in ours:
+            connection.close()
         raise
     finally:
-        # Our copies of the child's ends must go: the reader would never see end-of-file, and the
+        # Our copies of the child's ends must go: the readers would never see end-of-file, and the
         # child would never see its assignment pipe close.
-        status_writer.close()
-        task_reader.close()
+        for connection in theirs:
+            connection.close()
+    os.set_blocking(control.fileno(), False)
     pid = process.pid
     assert pid is not None
-    try:
-        create_time: float | None = psutil.Process(pid).create_time()
-    except psutil.Error:
-        create_time = None
     started = ExecutorProcess(
         process=process,
-        status=endpoint.StatusReader(status_reader),
-        cancel_event=cancel_event,
-        resume_event=resume_event,
+        status=channel.StatusReader(status),
+        control=control,
         pid=pid,
-        create_time=create_time,
-        assignments=task_writer,
-        fork_each=fork_each,
+        create_time=process_start_time(pid),
+        assignments=assignments,
+        reports=channel.StatusReader(reports) if reports is not None else None,
     )
     if fork_each:
         started.attempt_pid = _first_fork(started)
@@ -318,16 +352,13 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
 
 def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
     """The pid a new launcher announces for its first fork (OSError if it does not)."""
+    assert launcher.reports is not None
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        drained = launcher.drain(1)
-        for message in drained.messages:
+    while time.monotonic() < deadline and not launcher.reports.closed:
+        for message in launcher.reports.drain(1):
             if message.get("type") == "forked" and isinstance(message.get("pid"), int):
                 return message["pid"]
-        if not drained.open:
-            break
-        if not drained.messages:
-            mp_connection.wait([launcher.status, launcher.sentinel], max(0.0, deadline - time.monotonic()))
+        mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
 
@@ -372,7 +403,7 @@ def _send(sig: signal.Signals, procs: list[psutil.Process]) -> None:
 def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
     """SIGTERM each root and its descendants, SIGKILL what is left after `grace`; how many there were.
 
-    For processes found again after a restart (no ExecutorProcess to steer them by Events).
+    For processes found again after a restart (no ExecutorProcess to steer them).
     """
     procs = {proc.pid: proc for root in roots for proc in (root, *descendants(root))}
     _send(signal.SIGTERM, list(procs.values()))

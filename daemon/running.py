@@ -74,7 +74,10 @@ class RunningTask:
         return self.attempt_exitcode if self.attempt_exitcode is not None else self.child.exitcode
 
     def attempt_over(self) -> bool:
-        """True once the attempt's outcome is known: its process has exited, or it is reusable."""
+        """True once the attempt's outcome is known: its process has exited (a launcher's fork,
+        or the executor process), or it has reported and its process takes another."""
+        if self.child.fork_each and self.attempt_exitcode is not None:
+            return True
         return self.reusable() or self.has_exited()
 
     def has_exited(self) -> bool:

@@ -185,9 +185,7 @@ class Supervisor:
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._wake_r]
         for rt in self.running.values():
-            handles.append(rt.child.sentinel)
-            if rt.channel_open:
-                handles.append(rt.child.status)
+            handles += rt.child.fds()
         ready = mp_connection.wait(handles, max(0.0, timeout))
         self._ready = set(ready)
         if self._wake_r in ready:
@@ -389,10 +387,12 @@ class Supervisor:
         child = rt.child
         try:
             child.assign(attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last)
-        except OSError as exc:
-            # It died just now: the loop finds it gone and records the attempt as CRASHED.
-            rt.log.warning("executor_lost", pid=child.pid, error=str(exc))
+        except Exception as exc:
+            # Died just now, or the task could not be sent: end the process, so that the loop
+            # finds it gone and records the attempt as CRASHED rather than wait for it forever.
+            rt.log.warning("executor_lost", pid=child.pid, error=f"{type(exc).__name__}: {exc}")
             child.kill_tree()
+            child.process.kill()
             return
         rt.log.info(
             "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
@@ -432,18 +432,26 @@ class Supervisor:
     # --- messages from a child ------------------------------------------------------------------
 
     def _drain(self, rt: RunningTask, now: float, limit: int | None) -> None:
-        if not rt.channel_open:
+        if not rt.channel_open and not rt.child.fork_each:  # a launcher still reports its fork's exit
             return
+        was_open = rt.channel_open
         messages, open_ = rt.child.drain(limit)
         rt.channel_open = open_
         for message in messages:
             self._handle_message(rt, message, now)
+        if was_open and not open_ and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
+            # Garbled: the attempt can report nothing more, not even its result. End it, so that
+            # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
+            # run with no one listening.
+            rt.log.warning("executor_channel_broken", reason=rt.child.status.close_reason)
+            rt.child.kill_tree()
 
     def _handle_message(self, rt: RunningTask, message: dict[str, Any], now: float) -> None:
         kind = message.get("type")
         task_id = rt.task.id
         if kind == "progress":
-            rt.progress = (int(message.get("percent", 0)), message.get("text"))
+            text = message.get("text")
+            rt.progress = (int(message.get("percent", 0)), None if text is None else str(text))
         elif kind == "pausable":
             tasks.set_pausable(self.conn, task_id, bool(message.get("pausable")))
         elif kind == "pause_request":

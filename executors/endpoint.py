@@ -1,13 +1,7 @@
-"""The executor subprocess: its entry point `run`, and both ends of a task's status channel.
+"""The executor subprocess: its entry point `serve`, which runs the attempts the supervisor sends.
 
-Each task gets its own one-way pipe. A child killed in the middle of a write can therefore corrupt
-only its own channel, and a child that floods it blocks on the full pipe (backpressure) instead of
-growing the supervisor's memory.
-
-Framing is ours rather than `Connection.send`/`recv`: a 4-byte big-endian length, then the message
-as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
-message never blocks it, and it only ever decodes data, never pickles from a child. The
-`multiprocessing` Connection objects are used only to hand the pipe's fds to the child.
+The status channel it reports on is `executors.channel`; cancel, pause and resume come in through
+`executors.steering`.
 """
 
 from __future__ import annotations
@@ -28,139 +22,15 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 from daemon import models
 from executors import registry
 from executors.base import ExecuteResult, TaskContext
+from executors.channel import READ_CHUNK, StatusQueue
+from executors.steering import ControlReader, Steering
 
 if TYPE_CHECKING:
-    from multiprocessing.synchronize import Event
-
     from daemon.models import Task
 
-HEADER_SIZE = 4
-# Far above any sensible result; a length beyond it can only be garbage, so the channel is dropped.
-MAX_MESSAGE = 64 * 1024 * 1024
-READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
 MAX_ERROR = 10_000
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-
-
-def encode(message: Mapping[str, Any]) -> bytes:
-    """One framed message; TypeError or ValueError if it is not plain JSON or too large."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    if len(body) > MAX_MESSAGE:
-        raise ValueError(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
-    return len(body).to_bytes(HEADER_SIZE, "big") + body
-
-
-class StatusQueue:
-    """The child's end of its status channel: `put` sends one message, blocking while the pipe is full."""
-
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._fd = connection.fileno()
-        # Executor threads may report concurrently; a message bigger than PIPE_BUF takes several
-        # writes, which must not interleave with another thread's.
-        self._lock = threading.Lock()
-
-    def put(self, message: Mapping[str, Any]) -> None:
-        """Send `message` (encoded before anything is written, so a bad one sends nothing)."""
-        data = memoryview(encode(message))
-        with self._lock:
-            while data:
-                written = os.write(self._fd, data)
-                data = data[written:]
-
-    def close(self) -> None:
-        """Close the child's end; the supervisor then sees end-of-file after the last message."""
-        self._connection.close()
-
-
-class StatusReader:
-    """The supervisor's end of a status channel: wait on it, then `drain` without ever blocking."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._fd = connection.fileno()
-        os.set_blocking(self._fd, False)
-        self._buffer = bytearray()
-        self._pos = 0
-        self.closed = False  # True once no further message can arrive
-        self.close_reason: str | None = None
-
-    def fileno(self) -> int:
-        """The fd to pass to `multiprocessing.connection.wait` (with the process sentinels)."""
-        return self._fd
-
-    def drain(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Up to `limit` messages that have fully arrived (all of them if None), never blocking.
-
-        End-of-file, a read error or garbled data mark the channel closed; nothing is raised.
-        """
-        messages: list[dict[str, Any]] = []
-        while limit is None or len(messages) < limit:
-            message = self._next_message()
-            if message is not None:
-                messages.append(message)
-                continue
-            if self.closed or not self._fill():
-                break
-        if self._pos:
-            del self._buffer[: self._pos]
-            self._pos = 0
-        return messages
-
-    def mark_closed(self, reason: str) -> None:
-        """Stop reading: whatever is still buffered or unread is discarded."""
-        if not self.closed:
-            self.closed = True
-            self.close_reason = reason
-        self._buffer.clear()
-        self._pos = 0
-
-    def close(self) -> None:
-        """Release the fd."""
-        self.mark_closed(self.close_reason or "closed by the supervisor")
-        self.connection.close()
-
-    def _fill(self) -> bool:
-        """Read what the pipe holds; False when nothing more is available now."""
-        try:
-            chunk = os.read(self._fd, READ_CHUNK)
-        except BlockingIOError:
-            return False
-        except OSError as exc:
-            self.mark_closed(f"read error: {exc}")
-            return False
-        if not chunk:
-            partial = len(self._buffer) > self._pos
-            self.mark_closed("end of file inside a message" if partial else "end of file")
-            return False
-        self._buffer += chunk
-        return True
-
-    def _next_message(self) -> dict[str, Any] | None:
-        if self.closed:
-            return None
-        available = len(self._buffer) - self._pos
-        if available < HEADER_SIZE:
-            return None
-        start = self._pos + HEADER_SIZE
-        length = int.from_bytes(self._buffer[self._pos : start], "big")
-        if length > MAX_MESSAGE:
-            self.mark_closed(f"garbled data: a message length of {length} bytes")
-            return None
-        if available < HEADER_SIZE + length:
-            return None
-        body = bytes(self._buffer[start : start + length])
-        self._pos = start + length
-        try:
-            message = json.loads(body)
-        except ValueError as exc:  # includes UnicodeDecodeError
-            self.mark_closed(f"garbled data: {exc}")
-            return None
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            self.mark_closed("garbled data: a message that is not an object with a type")
-            return None
-        return message
 
 
 # --- the subprocess -------------------------------------------------------------------------------
@@ -168,14 +38,13 @@ class StatusReader:
 
 def serve(
     assignments: Connection,
+    control: Connection,
     status_connection: Connection,
-    cancel_event: Event,
-    resume_event: Event,
-    fork_each: bool = False,
+    reports: Connection | None = None,
 ) -> None:
     """Entry point of an executor process: run the attempts the supervisor sends, one at a time.
 
-    With `fork_each`, the process is a launcher: each attempt runs in a fresh fork of it (see
+    With a `reports` pipe the process is a launcher: each attempt runs in a fresh fork of it (see
     `_launch_each_attempt`). Otherwise it runs them itself; each assignment then says whether it
     is the process's last. After the last one, or when the assignment pipe closes (dismissed, or
     the supervisor is gone), the process exits with `os._exit`, so threads or processes an
@@ -186,38 +55,42 @@ def serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status = StatusQueue(status_connection)
     # Not for the executor's own children: a grandchild holding them would keep them open.
-    os.set_inheritable(status_connection.fileno(), False)
-    os.set_inheritable(assignments.fileno(), False)
+    for connection in (status_connection, assignments, control, reports):
+        if connection is not None:
+            os.set_inheritable(connection.fileno(), False)
     null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
     os.dup2(null, 0)
     os.close(null)
     # A segfault in an extension module then leaves a Python traceback in the task's log (fd 2
     # is pointed at each attempt's log in turn), which the supervisor quotes in the CRASHED error.
     faulthandler.enable(file=2, all_threads=True)
-    if fork_each:
-        _launch_each_attempt(assignments, status, cancel_event, resume_event)
+    if reports is not None:
+        _launch_each_attempt(assignments, control, status, StatusQueue(reports))
+    steering = ControlReader(control.fileno())
     while True:
         try:
             task, executor_ref, upstream, log_path, last = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, 0)
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, cancel_event, resume_event)
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(task.id))
         if last or exit_code:
             assignments.close()
             _shut_down(status, exit_code)
 
 
 def _launch_each_attempt(
-    assignments: Connection, status: StatusQueue, cancel_event: Event, resume_event: Event
+    assignments: Connection, control: Connection, status: StatusQueue, reports: StatusQueue
 ) -> NoReturn:
     """Run every attempt in a fresh fork of this process, which itself never runs executor code.
 
     The next attempt's process is forked before its task arrives, so a task starts with one
-    hand-over instead of a process start. Once that process has exited, the launcher forks the
-    next one and sends an "exited" message with the exit status and the next fork's pid: it
-    follows everything the attempt sent, since the attempt's writes were done before it exited. A launcher that dies takes its attempt with it
-    (PR_SET_PDEATHSIG), so an attempt never outlives the process the supervisor recorded for it.
+    hand-over instead of a process start. The launcher reports on a pipe of its own, which no
+    attempt holds: "forked" with the pid of the fork waiting for a task, and, once that fork has
+    run its attempt and exited, "exited" with its exit status and the next fork's pid. An attempt
+    killed half-way through a message can garble only the status channel, never these reports.
+    A launcher that dies takes its attempt with it (PR_SET_PDEATHSIG), so an attempt never
+    outlives the process the supervisor knows it by.
     """
     launcher = os.getpid()
     prctl = _prctl()
@@ -228,15 +101,14 @@ def _launch_each_attempt(
         if pid == 0:
             os.close(handoff_w)
             assignments.close()  # the launcher's: the attempt reads only its hand-over pipe
+            reports.close()
             _die_with_parent(launcher, prctl)
-            _run_handed_attempt(handoff_r, status, cancel_event, resume_event)
+            _run_handed_attempt(handoff_r, control, status)
         os.close(handoff_r)
         return pid, handoff_w
 
-    # The supervisor records the pid of the fork that will run the attempt before it sends the
-    # task, as for any executor process: so each fork is announced as soon as it exists.
     pid, handoff_w = fork_next()
-    status.put({"type": "forked", "pid": pid})
+    reports.put({"type": "forked", "pid": pid})
     while True:
         try:
             data = assignments.recv_bytes()
@@ -255,15 +127,14 @@ def _launch_each_attempt(
         exitcode = os.waitstatus_to_exitcode(wait_status)
         pid, handoff_w = fork_next()
         try:
-            status.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
+            reports.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
         except OSError:
             _shut_down(status, 1)  # the supervisor is gone
 
 
-def _run_handed_attempt(
-    handoff: int, status: StatusQueue, cancel_event: Event, resume_event: Event
-) -> NoReturn:
+def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue) -> NoReturn:
     """The forked attempt: wait for its task on the hand-over pipe, run it, exit."""
+    steering = ControlReader(control.fileno())  # reads ahead: commands may come with the task
     chunks = []
     while chunk := os.read(handoff, READ_CHUNK):
         chunks.append(chunk)
@@ -271,7 +142,7 @@ def _run_handed_attempt(
     if not chunks:
         os._exit(0)  # the launcher was dismissed before a task came
     task, executor_ref, upstream, log_path, _last = pickle.loads(b"".join(chunks))
-    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, cancel_event, resume_event))
+    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(task.id)))
 
 
 def _prctl() -> Any:
@@ -327,8 +198,7 @@ def _run_attempt(
     upstream: Mapping[str, Any],
     log_path: str,
     status: StatusQueue,
-    cancel_event: Event,
-    resume_event: Event,
+    steering: Steering,
 ) -> int:
     """Run one attempt of `task` and send its result; the exit code the process should end with
     if it stops now (non-zero when the result could not be reported or the attempt not set up)."""
@@ -336,7 +206,7 @@ def _run_attempt(
     try:
         log_file = _redirect_output(log_path)
         endpoint_log, task_log, handler = _loggers(task, log_file)
-        ctx = TaskContext(task, channel, cancel_event, resume_event, upstream=upstream, log=task_log)
+        ctx = TaskContext(task, channel, steering.cancel, steering.resume, upstream=upstream, log=task_log)
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
         try:
             status.put(_error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))

@@ -312,3 +312,15 @@ class StartTime(TaskExecutor):
         import time
 
         return ExecuteResult(result={"t": time.time()})
+
+
+class Garbler(TaskExecutor):
+    """Writes garbage on its status channel (as a buggy extension might), then hangs."""
+
+    task_type = "GARBLE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        status_fd = ctx._status._status._fd  # type: ignore[attr-defined]  # the raw pipe, on purpose
+        os.write(status_fd, b"\xff\xff\xff\x7fnot a frame")
+        threading.Event().wait()
+        return ExecuteResult()

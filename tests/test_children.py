@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from daemon import children, models
-from executors import endpoint
+from executors import channel, endpoint
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
 
@@ -272,8 +272,7 @@ def test_request_pause_clears_then_reports_then_waits(launch: Launch, tmp_path: 
     child = launch("SelfPause", {"resumed_file": str(resumed)})
     seen: list[dict[str, Any]] = []
     assert next_message(child, "pause_request", seen)["reason"] == "waiting for the user (1)"
-    # The Event was cleared before the request was sent, and the child waits on it.
-    assert not child.resume_event.is_set()
+    # The child waits: for the resume below, nothing else.
     assert not mp_connection.wait([child.status.fileno(), child.sentinel], 0.2)
     assert child.is_alive() and not resumed.exists()
     child.resume()
@@ -327,7 +326,6 @@ def test_self_pause_then_self_resume_from_a_thread(launch: Launch) -> None:
     messages = collect(child)
     assert [m["type"] for m in messages] == ["pause_request", "resume_request", "progress", "result"]
     assert messages[0]["reason"] == "gpu_oom" and result_of(messages)["result"] == {"self_resumed": True}
-    assert child.resume_event.is_set()
 
 
 # --- cancel and process trees -----------------------------------------------------------------------
@@ -424,17 +422,17 @@ def test_drain_after_sigkill_mid_flood_never_raises(launch: Launch) -> None:
     assert child.exitcode == -signal.SIGKILL
 
 
-def reader_with(data: bytes) -> endpoint.StatusReader:
+def reader_with(data: bytes) -> channel.StatusReader:
     reader_conn, writer_conn = multiprocessing.Pipe(duplex=False)
     os.write(writer_conn.fileno(), data)
     writer_conn.close()
-    return endpoint.StatusReader(reader_conn)
+    return channel.StatusReader(reader_conn)
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        (endpoint.encode({"type": "progress", "percent": 5, "text": None})[:-3], "end of file inside a message"),
+        (channel.encode({"type": "progress", "percent": 5, "text": None})[:-3], "end of file inside a message"),
         (b"\x00\x00\x00\x03abc", "garbled data"),
         ((2**31).to_bytes(4, "big") + b"xxxx", "garbled data"),
         (b"\x00\x00\x00\x02[]", "garbled data"),
@@ -442,7 +440,7 @@ def reader_with(data: bytes) -> endpoint.StatusReader:
     ],
 )
 def test_the_reader_treats_broken_data_as_closed(data: bytes, reason: str) -> None:
-    good = endpoint.encode({"type": "resume_request"})
+    good = channel.encode({"type": "resume_request"})
     reader = reader_with(good + data)
     assert reader.drain() == [{"type": "resume_request"}]
     assert reader.closed and (reader.close_reason or "").startswith(reason)
@@ -652,9 +650,7 @@ def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_
         assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
         assert gone(attempt) and launcher.is_alive()
     finally:
-        launcher.kill_tree()
-        launcher.reap(5)
-        launcher.close()
+        launcher.dismiss()
 
 
 def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> None:
@@ -668,3 +664,57 @@ def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> N
     assert launcher.reap(5) == -signal.SIGKILL
     wait_for(lambda: gone(attempt))
     launcher.close()
+
+
+def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(tmp_path: Path, forkserver: Any) -> None:
+    """With Events shared across a launcher's forks, a fork killed while waiting on one left a
+    waiter that never wakes, and the supervisor's next cancel blocked forever."""
+    launcher = children.start_process(forkserver, fork_each=True)
+    try:
+        for n in range(2):
+            count = tmp_path / f"c{n}"
+            payload = {"n": 100_000, "step": 0.5, "count_file": str(count), "state_file": str(tmp_path / f"s{n}")}
+            launcher.assign(make_task("COUNT", payload, id=f"count-{n}"), "tests.sample_executors:Counter", {},
+                            tmp_path / f"{n}.log", last=False)
+            wait_for(count.exists)  # now sleeping in ctx.wait_cancelled(0.5)
+            if n == 0:
+                os.kill(launcher.attempt_process[0], signal.SIGKILL)
+                assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
+                continue
+            steer = threading.Thread(
+                target=lambda: (launcher.pause(), launcher.resume(), launcher.request_cancel()), daemon=True
+            )
+            steer.start()
+            steer.join(5)
+            assert not steer.is_alive(), "steering the next attempt blocked"
+            messages = read_until(launcher, "exited")
+            assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
+    finally:
+        launcher.dismiss()
+
+
+def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
+    tmp_path: Path, forkserver: Any
+) -> None:
+    import fcntl
+    import termios
+
+    launcher = children.start_process(forkserver, fork_each=True)
+    try:
+        launcher.assign(make_task("BIG_RESULT", {"size": 1_000_000}), "tests.sample_executors:BigResult", {},
+                        tmp_path / "a.log", last=False)
+        fd = launcher.status.fileno()
+
+        def pipe_full() -> bool:  # the fork is blocked half-way through writing its result
+            return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little") >= 60_000
+
+        wait_for(pipe_full)
+        os.kill(launcher.attempt_process[0], signal.SIGKILL)
+        messages = read_until(launcher, "exited")
+        assert [m["type"] for m in messages] == ["exited"] and messages[0]["exitcode"] == -signal.SIGKILL
+        launcher.assign(make_task("ECHO", {"after": 1}), "tests.sample_executors:Echo", {}, tmp_path / "b.log",
+                        last=False)
+        messages = read_until(launcher, "exited")
+        assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"after": 1}
+    finally:
+        launcher.dismiss()

@@ -38,6 +38,7 @@ EXECUTORS = {
         "UPSTREAM": "Upstream",
         "STATE": "ProcessState",
         "FRESH_STATE": "FreshProcessState",
+        "GARBLE": "Garbler",
     }.items()
 } | {
     name: f"tests.hook_executors:{cls}"
@@ -461,11 +462,12 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     spare = wait_for(lambda: sup.call(lambda: list(sup._idle)))[0]
     assert spare.fork_each
     waiting = spare.attempt_pid
+    waiting_since = children.process_start_time(waiting)
     first = wait_ended(sup, submit(sup, "STATE"))
     assert first.status is TaskStatus.COMPLETED
     # The fork that was waiting ran it, and is recorded as its executor process, start time included.
     assert first.executor_pid == first.result["pid"] == waiting != spare.pid
-    assert first.executor_started_at == pytest.approx(children.process_start_time(spare.pid), abs=0.05)
+    assert first.executor_started_at == waiting_since
     wait_for(lambda: ended_process(waiting))
     second = wait_ended(sup, submit(sup, "STATE"))
     # A new fork for the next task, from the same launcher, which waits again for the next one
@@ -542,7 +544,9 @@ def test_after_a_crash_or_a_forced_stop_the_next_task_gets_a_new_process(
 def test_a_cancelled_attempt_hands_its_process_on_with_clear_events(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
-    sup = make_supervisor(max_workers=1, tasks_per_process=100)
+    # A grace long enough that the Counter always answers the cancel itself (a SIGTERMed process
+    # would not be reused).
+    sup = make_supervisor(max_workers=1, tasks_per_process=100, cancel_grace=10)
     payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
     counting = submit(sup, "COUNT", payload=payload)
     wait_for(lambda: (tmp_path / "c").exists())
@@ -603,3 +607,14 @@ def test_a_request_is_answered_once_what_it_did_is_committed(
             assert outside.execute("SELECT count(*) FROM task WHERE id = ?", (task_id,)).fetchone() == (1,)
     finally:
         outside.close()
+
+
+@pytest.mark.parametrize("tasks_per_process", [1, 100])
+def test_an_attempt_that_garbles_its_channel_is_ended_and_the_next_task_runs(
+    make_supervisor: Callable[..., Supervisor], tasks_per_process: int
+) -> None:
+    sup = make_supervisor(max_workers=1, tasks_per_process=tasks_per_process)
+    garbled = wait_ended(sup, submit(sup, "GARBLE"))
+    assert garbled.status is TaskStatus.FAILED and garbled.error_type == models.CRASHED
+    after = wait_ended(sup, submit(sup, "STATE"))
+    assert after.status is TaskStatus.COMPLETED and after.executor_pid != garbled.executor_pid

@@ -142,7 +142,11 @@ def _transition(
 
     set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
     seqs = [row["seq"] for row in rows]
-    source_sql = ", ".join(f"'{s.value}'" for s in sources)
+    # Rows that were all read in one status must still be in it (a caller's snapshot may be
+    # stale); otherwise any allowed source will do, each row's own status having just been read.
+    read_in = {row["status"] for row in rows}
+    guard = read_in if len(read_in) == 1 else {s.value for s in sources}
+    source_sql = ", ".join(f"'{status}'" for status in sorted(guard))
     params = {**assignments, "now": now}
     updated: list[Task] = []
     changed = 0

@@ -1,0 +1,150 @@
+"""A task's status channel: both ends of the one-way pipe an attempt reports on.
+
+Each executor process gets its own pipe. A child killed in the middle of a write can therefore
+corrupt only its own channel, and a child that floods it blocks on the full pipe (backpressure)
+instead of growing the supervisor's memory.
+
+Framing is ours rather than `Connection.send`/`recv`: a 4-byte big-endian length, then the message
+as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
+message never blocks it, and it only ever decodes data, never pickles from a child. The
+`multiprocessing` Connection objects are used only to hand the pipe's fds to the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Mapping
+
+HEADER_SIZE = 4
+# Far above any sensible result; a length beyond it can only be garbage, so the channel is dropped.
+MAX_MESSAGE = 64 * 1024 * 1024
+READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One framed message; TypeError or ValueError if it is not plain JSON or too large."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    if len(body) > MAX_MESSAGE:
+        raise ValueError(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
+    return len(body).to_bytes(HEADER_SIZE, "big") + body
+
+
+class StatusQueue:
+    """The child's end of its status channel: `put` sends one message, blocking while the pipe is full."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._fd = connection.fileno()
+        # Executor threads may report concurrently; a message bigger than PIPE_BUF takes several
+        # writes, which must not interleave with another thread's.
+        self._lock = threading.Lock()
+
+    def put(self, message: Mapping[str, Any]) -> None:
+        """Send `message` (encoded before anything is written, so a bad one sends nothing)."""
+        data = memoryview(encode(message))
+        with self._lock:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+
+    def close(self) -> None:
+        """Close the child's end; the supervisor then sees end-of-file after the last message."""
+        self._connection.close()
+
+
+class StatusReader:
+    """The supervisor's end of a status channel: wait on it, then `drain` without ever blocking."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._fd = connection.fileno()
+        os.set_blocking(self._fd, False)
+        self._buffer = bytearray()
+        self._pos = 0
+        self.closed = False  # True once no further message can arrive
+        self.close_reason: str | None = None
+
+    def fileno(self) -> int:
+        """The fd to pass to `multiprocessing.connection.wait` (with the process sentinels)."""
+        return self._fd
+
+    def drain(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Up to `limit` messages that have fully arrived (all of them if None), never blocking.
+
+        End-of-file, a read error or garbled data mark the channel closed; nothing is raised.
+        """
+        messages: list[dict[str, Any]] = []
+        while limit is None or len(messages) < limit:
+            message = self._next_message()
+            if message is not None:
+                messages.append(message)
+                continue
+            if self.closed or not self._fill():
+                break
+        if self._pos:
+            del self._buffer[: self._pos]
+            self._pos = 0
+        return messages
+
+    def mark_closed(self, reason: str) -> None:
+        """Stop reading: whatever is still buffered or unread is discarded."""
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+        self._buffer.clear()
+        self._pos = 0
+
+    def discard_partial(self) -> None:
+        """Drop the start of a message whose writer died before finishing it (a launcher's fork:
+        the launcher keeps the pipe open, so no end-of-file says so)."""
+        self._buffer.clear()
+        self._pos = 0
+
+    def close(self) -> None:
+        """Release the fd."""
+        self.mark_closed(self.close_reason or "closed by the supervisor")
+        self.connection.close()
+
+    def _fill(self) -> bool:
+        """Read what the pipe holds; False when nothing more is available now."""
+        try:
+            chunk = os.read(self._fd, READ_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self.mark_closed(f"read error: {exc}")
+            return False
+        if not chunk:
+            partial = len(self._buffer) > self._pos
+            self.mark_closed("end of file inside a message" if partial else "end of file")
+            return False
+        self._buffer += chunk
+        return True
+
+    def _next_message(self) -> dict[str, Any] | None:
+        if self.closed:
+            return None
+        available = len(self._buffer) - self._pos
+        if available < HEADER_SIZE:
+            return None
+        start = self._pos + HEADER_SIZE
+        length = int.from_bytes(self._buffer[self._pos : start], "big")
+        if length > MAX_MESSAGE:
+            self.mark_closed(f"garbled data: a message length of {length} bytes")
+            return None
+        if available < HEADER_SIZE + length:
+            return None
+        body = bytes(self._buffer[start : start + length])
+        self._pos = start + length
+        try:
+            message = json.loads(body)
+        except ValueError as exc:  # includes UnicodeDecodeError
+            self.mark_closed(f"garbled data: {exc}")
+            return None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self.mark_closed("garbled data: a message that is not an object with a type")
+            return None
+        return message
