@@ -108,6 +108,12 @@ class ExecutorProcess:
 
     # --- attempts -------------------------------------------------------------------------------
 
+    @property
+    def attempt_token(self) -> str:
+        """Names the current attempt in control commands: a command meant for an earlier attempt
+        (the same task's, before a retry, included) can never steer this one."""
+        return f"{self.task_id}#{self.attempts}"
+
     def next_attempt_process(self) -> tuple[int, float | None]:
         """The pid and start time of the process the next attempt will run in, to record first."""
         if self.fork_each and self.attempt_pid is not None:
@@ -127,7 +133,7 @@ class ExecutorProcess:
         self.attempts += 1
         self.started = time.monotonic()
         try:
-            self.assignments.send((task, executor_ref, dict(upstream), str(log_path), last))
+            self.assignments.send((task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token))
         finally:
             if last:
                 self.assignments.close()
@@ -165,10 +171,10 @@ class ExecutorProcess:
         if report is not None:
             # The fork has exited, so all it wrote is in the pipe: read it to the end, and drop
             # the start of a message it was killed in the middle of.
-            messages = self.status.drain(None)
+            messages = [m for m in self.status.drain(None) if m.get("type") != "exited"]
             self.status.discard_partial()
             return Drained([*messages, report], not self.status.closed)
-        messages = self.status.drain(limit)
+        messages = [m for m in self.status.drain(limit) if m.get("type") != "exited"]  # launchers' only
         if exited and not self.status.closed and (limit is None or len(messages) < limit):
             self.status.mark_closed("the executor process exited")
         return Drained(messages, not self.status.closed)
@@ -213,7 +219,7 @@ class ExecutorProcess:
         if self.task_id is None:
             return
         try:
-            os.write(self.control.fileno(), steering.command(kind, self.task_id))
+            os.write(self.control.fileno(), steering.command(kind, self.attempt_token))
         except OSError:
             pass
 

@@ -69,6 +69,10 @@ class RunningTask:
             over = self.result is not None and not self.child.last and self.terminated_at is None
         return over and self.channel_open and self.child.is_alive()
 
+    def finishing(self) -> bool:
+        """The attempt has reported its result or its process has exited: it is being finished."""
+        return self.result is not None or self.attempt_exitcode is not None
+
     def exit_status(self) -> int | None:
         """How the attempt's process ended: the launcher's fork, else the executor process."""
         return self.attempt_exitcode if self.attempt_exitcode is not None else self.child.exitcode

@@ -439,7 +439,8 @@ class Supervisor:
         rt.channel_open = open_
         for message in messages:
             self._handle_message(rt, message, now)
-        if was_open and not open_ and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
+        garbled = (rt.child.status.close_reason or "").startswith(("garbled", "read error"))
+        if was_open and garbled and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
             # run with no one listening.
@@ -628,6 +629,8 @@ class Supervisor:
     def _enforce_deadlines(self, rt: RunningTask, now: float) -> None:
         grace = self.settings.cancel_grace
         if rt.stop_requested_at is None:
+            if rt.finishing():
+                return  # it has reported: stopping it now would only mislabel how it ended
             if rt.task.timeout is not None and rt.active_seconds(now) >= rt.task.timeout:
                 self._request_stop(rt.task.id, "timeout", now)
             return
@@ -639,6 +642,8 @@ class Supervisor:
         verb = "paused" if paused else "resumed"
         if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
             raise NotPausable(f"task {task_id} is {task.display_status}: only a running task can be {verb}")
+        if rt.finishing():
+            raise NotPausable(f"task {task_id} has just finished its attempt: it cannot be {verb}")
         if paused:
             if not task.is_pausable:
                 raise NotPausable(f"task {task_id} ({task.type}) cannot be paused")

@@ -69,11 +69,11 @@ def serve(
     steering = ControlReader(control.fileno())
     while True:
         try:
-            task, executor_ref, upstream, log_path, last = assignments.recv()
+            task, executor_ref, upstream, log_path, last, attempt = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, 0)
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(task.id))
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt))
         if last or exit_code:
             assignments.close()
             _shut_down(status, exit_code)
@@ -141,8 +141,8 @@ def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue) 
     os.close(handoff)
     if not chunks:
         os._exit(0)  # the launcher was dismissed before a task came
-    task, executor_ref, upstream, log_path, _last = pickle.loads(b"".join(chunks))
-    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(task.id)))
+    task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(b"".join(chunks))
+    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt)))
 
 
 def _prctl() -> Any:

@@ -1,8 +1,9 @@
 """Cancel, pause and resume: the supervisor's control messages and the Events an attempt sees.
 
-The supervisor writes small framed messages, `{"type": "cancel" | "pause" | "resume", "task_id"}`,
+The supervisor writes small framed messages, `{"type": "cancel" | "pause" | "resume", "attempt"}`,
 on a control pipe of each executor process. A thread in the process that runs attempts reads them
-and applies each to the Events of the attempt it names: `TaskContext` still gets a cancel Event
+and applies each to the Events of the attempt it names (a token unique to one attempt in that
+process, so a command meant for an earlier attempt, even of the same task, never steers a later one): `TaskContext` still gets a cancel Event
 and a resume Event (set = running), and the seed's pause protocol (clear, put, wait) is unchanged.
 
 Why not `multiprocessing.Event`s shared with the supervisor: they keep a count of waiting
@@ -28,18 +29,18 @@ COMMANDS = ("cancel", "pause", "resume")
 PENDING_ATTEMPTS = 8
 
 
-def command(kind: str, task_id: str) -> bytes:
-    """One framed control message."""
+def command(kind: str, attempt: str) -> bytes:
+    """One framed control message for the attempt named `attempt`."""
     if kind not in COMMANDS:
         raise ValueError(f"unknown control command {kind!r}")
-    return encode({"type": kind, "task_id": task_id})
+    return encode({"type": kind, "attempt": attempt})
 
 
 class Steering:
     """One attempt's cancel and resume Events, as the supervisor's commands leave them."""
 
-    def __init__(self, task_id: str) -> None:
-        self.task_id = task_id
+    def __init__(self, attempt: str) -> None:
+        self.attempt = attempt
         self.cancel = threading.Event()
         self.resume = threading.Event()
         self.resume.set()  # set = running; a pause clears it
@@ -65,25 +66,26 @@ class ControlReader:
         self._pending: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
         threading.Thread(target=self._run, name="fredica-control", daemon=True).start()
 
-    def steer(self, task_id: str) -> Steering:
-        """The Events of the attempt of `task_id` that starts now (with commands already sent for it)."""
-        steering = Steering(task_id)
+    def steer(self, attempt: str) -> Steering:
+        """The Events of the attempt that starts now (with the commands already sent for it)."""
+        steering = Steering(attempt)
         with self._lock:
-            for kind in self._pending.pop(task_id, []):
+            for kind in self._pending.pop(attempt, []):
                 steering.apply(kind)
+            self._pending.clear()  # meant for attempts that are over or never came
             self._current = steering
         return steering
 
     def _apply(self, message: Any) -> None:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:
             return
-        kind, task_id = message["type"], str(message.get("task_id"))
+        kind, attempt = message["type"], str(message.get("attempt"))
         with self._lock:
-            if self._current is not None and self._current.task_id == task_id:
+            if self._current is not None and self._current.attempt == attempt:
                 self._current.apply(kind)
                 return
-            self._pending.setdefault(task_id, []).append(kind)
-            self._pending.move_to_end(task_id)
+            self._pending.setdefault(attempt, []).append(kind)
+            self._pending.move_to_end(attempt)
             while len(self._pending) > PENDING_ATTEMPTS:
                 self._pending.popitem(last=False)
 

@@ -1,0 +1,76 @@
+"""The control channel's reader: commands reach exactly the attempt they name."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from executors import steering
+from executors.steering import ControlReader
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def control() -> Iterator[tuple[ControlReader, int]]:
+    read_fd, write_fd = os.pipe()
+    yield ControlReader(read_fd), write_fd
+    os.close(write_fd)  # the reader thread sees end-of-file and stops
+
+
+def send(write_fd: int, kind: str, attempt: str) -> None:
+    os.write(write_fd, steering.command(kind, attempt))
+
+
+def test_commands_steer_the_current_attempt(control: tuple[ControlReader, int]) -> None:
+    reader, write_fd = control
+    attempt = reader.steer("task#1")
+    send(write_fd, "pause", "task#1")
+    wait_for(lambda: not attempt.resume.is_set())
+    send(write_fd, "resume", "task#1")
+    wait_for(attempt.resume.is_set)
+    send(write_fd, "pause", "task#1")
+    send(write_fd, "cancel", "task#1")  # wakes a paused attempt, cancel first
+    wait_for(attempt.cancel.is_set)
+    assert attempt.resume.is_set()
+
+
+def test_a_command_sent_before_its_attempt_starts_is_kept_for_it(control: tuple[ControlReader, int]) -> None:
+    reader, write_fd = control
+    send(write_fd, "pause", "task#2")
+    send(write_fd, "cancel", "other#1")
+    send(write_fd, "pause", "other#1")  # read after the cancel above: its arrival marks both read
+    wait_for(lambda: "other#1" in reader._pending and len(reader._pending["other#1"]) == 2)
+    attempt = reader.steer("task#2")
+    assert not attempt.resume.is_set() and not attempt.cancel.is_set()
+    assert reader._pending == {}  # the rest was for attempts that never came
+
+
+def test_a_command_for_an_earlier_attempt_of_the_same_task_never_steers_its_retry(
+    control: tuple[ControlReader, int]
+) -> None:
+    reader, write_fd = control
+    reader.steer("task#1")
+    retry = reader.steer("task#2")  # the same task again, after its first attempt ended
+    send(write_fd, "cancel", "task#1")  # late: meant for the attempt that is over
+    send(write_fd, "pause", "task#2")  # read after the late cancel
+    wait_for(lambda: not retry.resume.is_set())
+    assert not retry.cancel.is_set()
+    reader.steer("task#3")
+    assert reader._pending == {}
+
+
+def test_garbage_on_the_control_pipe_stops_nothing(control: tuple[ControlReader, int]) -> None:
+    reader, write_fd = control
+    attempt = reader.steer("task#1")
+    os.write(write_fd, (5).to_bytes(4, "big") + b"\xffnot")
+    os.write(write_fd, b"{")  # completes a 5-byte frame that is not JSON
+    os.write(write_fd, steering.encode({"type": "explode", "attempt": "task#1"}))
+    send(write_fd, "cancel", "task#1")
+    wait_for(attempt.cancel.is_set)
+
+
+def test_an_unknown_command_cannot_be_sent() -> None:
+    with pytest.raises(ValueError):
+        steering.command("kill", "task#1")
