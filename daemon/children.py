@@ -1,10 +1,13 @@
 """Executor subprocesses: start them, hand them attempts, steer them, end their process trees.
 
 By default every attempt of every task runs in a fresh process, so killing one task's process never
-touches another task (`tasks_per_process` > 1 lets a process run several, one at a time). The default start method is "forkserver": each child is a fork of a small, warm
-server that has already imported the executor machinery, which is much faster than "spawn" while
-still never forking the supervisor itself (its threads, sockets and SQLite connection). "fork" is
-refused for that reason, and because a forked child would inherit every other task's status pipe.
+touches another task: a fork of a launcher, a long-lived executor process that never runs executor
+code itself (`tasks_per_process` > 1 instead lets a process run several attempts, one at a time).
+Launchers and those processes are started with the "forkserver" method by default: each is a fork
+of a small, warm server that has already imported the executor machinery, which is much faster than
+"spawn" while still never forking the supervisor itself (its threads, sockets and SQLite
+connection). "fork" is refused for that reason, and because a forked child would inherit every
+other task's pipes.
 
 Processes are found again by pid *and* start time (psutil), so a reused pid is never mistaken for
 an executor.
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import psutil
+import structlog
 
 from executors import channel, endpoint, steering
 
@@ -47,6 +51,7 @@ FORKSERVER_PRELOAD = [
     "multiprocessing.popen_fork",
     "multiprocessing.synchronize",
 ]
+log = structlog.get_logger("fredica.supervisor")
 CREATE_TIME_TOLERANCE = 0.01  # psutil derives create_time from clock ticks (1/100 s)
 
 ExecutorContext = ForkServerContext | SpawnContext
@@ -128,6 +133,7 @@ class ExecutorProcess:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
         _make_dir(log_path.parent)
+        self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
         self.task_id, self.log_path, self.last = task.id, log_path, last
         self.attempt_process = self.next_attempt_process()
         self.attempts += 1
@@ -220,8 +226,8 @@ class ExecutorProcess:
             return
         try:
             os.write(self.control.fileno(), steering.command(kind, self.attempt_token))
-        except OSError:
-            pass
+        except OSError as exc:
+            log.warning("executor_command_lost", command=kind, pid=self.pid, task_id=self.task_id, error=str(exc))
 
     # --- the process ----------------------------------------------------------------------------
 

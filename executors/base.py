@@ -1,8 +1,11 @@
 """The executor API (SPEC §8): what third-party executors subclass, return and are given.
 
-`TaskExecutor.execute` runs in the task's own subprocess (see `executors.endpoint`) and talks to the
+`TaskExecutor.execute` runs in an executor subprocess (see `executors.endpoint`) and talks to the
 supervisor only through the `TaskContext` it is given: progress and requests go out as small dicts
-on the task's status channel; cancel and pause come in as two Events.
+on the task's status channel; cancel and pause come in as two Events of the attempt, which a
+thread of the executor process sets and clears as the supervisor's commands arrive
+(`executors.steering`). They are threading Events: a process the executor starts itself does
+not see them (tell it to stop, or let stop escalation end it with the attempt's process tree).
 
 Messages on the status channel (child → supervisor), each a dict with a "type":
 
@@ -14,8 +17,8 @@ Messages on the status channel (child → supervisor), each a dict with a "type"
     {"type": "result", "result": <JSON value> | None, "error": str | None, "error_type": str | None}
 
 Who touches the resume Event (set = running, clear = paused):
-- the supervisor clears it for a user pause, and sets it for a user resume and on cancel (after it
-  has set the cancel Event, so a woken executor always sees the cancel);
+- the supervisor, through its commands, clears it for a user pause, and sets it for a user resume
+  and on cancel (after the cancel Event is set, so a woken executor always sees the cancel);
 - the child clears it only in `request_pause` (the seed's clear → put → wait) and sets it only in
   `request_resume`, to end a pause it asked for itself. A self-resume must not wait for a round
   trip through a busy (or restarting) supervisor, and the seed gives the supervisor no part in it
