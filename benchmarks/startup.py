@@ -78,8 +78,7 @@ else:
     sup.tick(time.time())
     print(json.dumps({"rss_mb": psutil.Process().memory_info().rss / 2**20,
                       "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-    for process in sup._idle:  # the warm spare: it would keep this script from exiting
-        process.dismiss()
+    sup.idle.dismiss_all()  # the warm spare: it would keep this script from exiting
 """
 
 

@@ -23,16 +23,15 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, models, running, scheduler, templates
+from daemon import children, models, outcomes, pool, running, templates
 from daemon.config import Settings
 from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
 from daemon.running import RunningTask
 from daemon.notify import Notifier
-from daemon.scheduler import Action
 from daemon.store import db, runs, tasks
 from daemon.submission import SubmissionRefused, TaskSpec
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import ExecuteResult
 from executors.registry import Registry
 
 log = structlog.get_logger("fredica.supervisor")
@@ -74,9 +73,9 @@ class Supervisor:
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
-        # Executor processes waiting for an attempt: the warm spare, and with tasks_per_process > 1
-        # the processes whose last attempt has reported.
-        self._idle: list[children.ExecutorProcess] = []
+        self.idle = pool.IdleProcesses(
+            self.context, warm_spare=settings.warm_spare, launchers=settings.tasks_per_process == 1
+        )
         self.started_at = clock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
             queue.SimpleQueue()
@@ -175,9 +174,7 @@ class Supervisor:
             with db.write(self.conn):
                 answers = self._run_calls()
             self._answer(answers)
-            for process in self._idle:
-                process.dismiss()
-            self._idle.clear()
+            self.idle.dismiss_all()
             self.conn.close()
             self._finished.set()
             log.info("supervisor_stopped")
@@ -240,7 +237,7 @@ class Supervisor:
             self._next_heartbeat = now + self.settings.heartbeat_interval
         if self._shutdown_deadline is None:
             self._claim(now)
-            self._keep_a_spare()
+            self.idle.keep_a_spare()
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:
@@ -305,10 +302,13 @@ class Supervisor:
             if task is None:
                 return
             try:
-                self._dispatch(task, now)
+                with db.write(self.conn):  # a dispatch that fails half-way is undone whole
+                    self._dispatch(task, now)
             except Exception:
                 log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
-                self._end_attempt(task, None, "the supervisor could not dispatch the task", models.CRASHED, now)
+                self.running.pop(task.id, None)
+                error = "the supervisor could not dispatch the task"
+                self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
 
     def _next_timeout(self, now: float) -> float:
         s = self.settings
@@ -361,7 +361,7 @@ class Supervisor:
         # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
         # > 1) a process that runs attempts itself, until it has run that many.
         fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
-        child = self._idle_process(launcher=fresh)
+        child = self.idle.take(launcher=fresh)
         last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
         # The process is recorded before it is given the task: if the daemon dies in between, the
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
@@ -405,29 +405,6 @@ class Supervisor:
                 action()
             except Exception:
                 log.exception("supervisor_error")
-
-    def _idle_process(self, *, launcher: bool) -> children.ExecutorProcess:
-        """An idle launcher, or an idle process that runs attempts itself; started if none waits."""
-        # Newest first: a process that has just finished an attempt is reused before the spare.
-        for process in reversed(list(self._idle)):
-            if process.fork_each != launcher:
-                continue
-            self._idle.remove(process)
-            if process.is_alive():
-                return process
-            log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
-            process.close()
-        return children.start_process(self.context, fork_each=launcher)
-
-    def _keep_a_spare(self) -> None:
-        """Start the next task's process now, while nothing waits for it."""
-        if not self.settings.warm_spare or self._idle:
-            return
-        try:
-            launcher = self.settings.tasks_per_process == 1
-            self._idle.append(children.start_process(self.context, fork_each=launcher))
-        except Exception:
-            log.exception("spare_executor_failed")
 
     # --- messages from a child ------------------------------------------------------------------
 
@@ -505,7 +482,7 @@ class Supervisor:
         self._flush_progress(now, only=rt)
         del self.running[rt.task.id]
         if reusable:
-            self._idle.append(rt.child)
+            self.idle.put_back(rt.child)
         elif rt.child.is_alive():  # it may not run another attempt: it exits when dismissed
             rt.child.dismiss()
         else:
@@ -531,64 +508,14 @@ class Supervisor:
             error, error_type = None, None
         else:
             error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
-        self._end_attempt(rt.task, rt.executor, error, error_type, now, result)
+        self._note(outcomes.record(self.conn, self.settings, rt.task, rt.executor, error, error_type, now, result))
 
-    def _end_attempt(
-        self,
-        task: Task,
-        executor: TaskExecutor | None,
-        error: str | None,
-        error_type: str | None,
-        now: float,
-        result: ExecuteResult | None = None,
-    ) -> None:
-        """Apply SPEC §6 to an attempt that ended with `error`/`error_type` (None: success)."""
-        bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
-        outcome = scheduler.decide_outcome(
-            error,
-            error_type,
-            retry_count=task.retry_count,
-            max_retries=task.max_retries,
-            backoff_base=self.settings.backoff_base,
-            backoff_max=self.settings.backoff_max,
-        )
-        if outcome.action is Action.COMPLETE:
-            try:
-                tasks.complete(self.conn, task.id, result.result if result else None, now=now, known=task)
-                self.finished_counts["completed"] += 1
-                bound.info("task_completed")
-                return
-            except (TypeError, ValueError) as exc:
-                outcome = scheduler.Outcome(Action.FAIL, f"the result cannot be stored as JSON: {exc}", models.EXCEPTION)
-        if outcome.action is Action.RETRY:
-            tasks.retry(
-                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
-                not_before=now + outcome.retry_delay, now=now,
-            )
-            bound.info("task_retrying", error_type=outcome.error_type, delay=outcome.retry_delay,
-                       retry=task.retry_count + 1, max_retries=task.max_retries)
-            return
-        if outcome.action is Action.CANCEL:
-            ended = tasks.cancel(self.conn, task.id, now=now, reason=outcome.error or "cancelled")
-            self.finished_counts["cancelled"] += 1
-            bound.info("task_cancelled")
-        else:
-            ended = tasks.fail(
-                self.conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
-                now=now, known=task,
-            )
-            self.finished_counts["failed"] += 1
-            bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
-        if executor is not None:
-            hook_result = ExecuteResult(error=outcome.error, error_type=outcome.error_type)
-
-            def hook() -> None:  # after the commit: the hook sees the failure recorded
-                try:
-                    executor.on_task_failed(ended, hook_result)
-                except Exception:
-                    bound.exception("on_task_failed_failed")
-
-            self._outbox.append(hook)
+    def _note(self, recorded: outcomes.Recorded) -> None:
+        """Count what `outcomes.record` did, and queue its hook to run after the commit."""
+        if recorded.finished is not None:
+            self.finished_counts[recorded.finished] += 1
+        if recorded.hook is not None:
+            self._outbox.append(recorded.hook)  # the hook sees the failure committed
 
     # --- cancel, pause, deadlines ---------------------------------------------------------------
 

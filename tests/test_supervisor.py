@@ -459,7 +459,7 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
     sup = make_supervisor(max_workers=1)
-    spare = wait_for(lambda: sup.call(lambda: list(sup._idle)))[0]
+    spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
     assert spare.fork_each
     waiting = spare.attempt_pid
     waiting_since = children.process_start_time(waiting)
@@ -474,16 +474,16 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     # (beside the spare started when the first task took it).
     assert second.executor_pid not in (waiting, spare.pid)
     assert spare.attempts == 2 and spare.is_alive()
-    idle = sup.call(lambda: list(sup._idle))
+    idle = sup.call(lambda: list(sup.idle))
     assert spare in idle and len(idle) == 2
 
 
 def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(warm_spare=False)
-    assert sup.call(lambda: list(sup._idle)) == []
+    assert sup.call(lambda: list(sup.idle)) == []
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED
-    assert [p.fork_each for p in sup.call(lambda: list(sup._idle))] == [True]  # its launcher
+    assert [p.fork_each for p in sup.call(lambda: list(sup.idle))] == [True]  # its launcher
 
 
 # --- tasks_per_process > 1: processes that run several attempts ------------------------------------
@@ -561,7 +561,7 @@ def test_a_cancelled_attempt_hands_its_process_on_with_clear_events(
 def test_idle_processes_end_with_the_supervisor(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(max_workers=2, tasks_per_process=100)
     pids = pids_of(sup, [t.id for t in sup.submit([parse_spec({"type": "STATE"}) for _ in range(6)]).tasks])
-    idle = sup.call(lambda: [p.pid for p in sup._idle])
+    idle = sup.call(lambda: [p.pid for p in sup.idle])
     assert set(pids) <= set(idle)  # every process that ran a task is waiting for the next one
     sup.stop(grace=0, timeout=20)
     assert all(ended_process(pid) for pid in idle)
