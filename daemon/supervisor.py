@@ -368,15 +368,19 @@ class Supervisor:
         # never runs unrecorded, and never twice.
         # For a launcher, its waiting fork: the process recovery must find is the one that runs it.
         pid, pid_started = child.next_attempt_process()
-        started = tasks.start(
-            self.conn,
-            task.id,
-            known=task,
-            now=now,
-            executor_pid=pid,
-            executor_started_at=pid_started,
-            is_pausable=executor.pausable,
-        )
+        try:
+            started = tasks.start(
+                self.conn,
+                task.id,
+                known=task,
+                now=now,
+                executor_pid=pid,
+                executor_started_at=pid_started,
+                is_pausable=executor.pausable,
+            )
+        except BaseException:
+            self.idle.put_back(child)  # it was given nothing
+            raise
         self.running[task.id] = rt = RunningTask(task=started, child=child, executor=executor, started_at=now)
         # The executor gets the payload with its references to upstream results filled in.
         attempt = dataclasses.replace(started, payload=task.payload)
