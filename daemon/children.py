@@ -164,15 +164,17 @@ class ExecutorProcess:
         """A launcher: each attempt runs in a fresh fork of it."""
         return self.reports is not None
 
-    def drain(self, limit: int | None = None) -> Drained:
+    def drain(self, limit: int | None = None, *, check_exit: bool = True) -> Drained:
         """Read up to `limit` messages (all available if None) without blocking; never raises.
 
         Once the child has exited and its messages are read, the channel counts as closed even if
         a descendant inherited its end of the pipe: nothing the child wrote can still be missing.
-        A launcher's "exited" report comes last, after everything its fork wrote.
+        A launcher's "exited" report comes last, after everything its fork wrote. `check_exit`
+        False skips asking whether the process has exited (a poll of its sentinel), for a caller
+        that knows it had not.
         """
         # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
-        exited = not self.is_alive()
+        exited = check_exit and not self.is_alive()
         report = self._exit_report() if self.reports is not None else None
         if report is not None:
             # The fork has exited, so all it wrote is in the pipe: read it to the end, and drop

@@ -13,6 +13,7 @@ hand the work to the loop (`call`) and wait for its answer.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import queue
@@ -227,7 +228,7 @@ class Supervisor:
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
             if self._may_be_over(rt) and rt.attempt_over():
-                self._guard(rt, self._finish, rt, now)
+                self._guard(rt, self._finish, rt, now, atomic=True)
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
@@ -265,10 +266,15 @@ class Supervisor:
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
         )
 
-    def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any) -> None:
-        """Executor misbehaviour (and our own bugs around it) must never stop the loop."""
+    def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> None:
+        """Executor misbehaviour (and our own bugs around it) must never stop the loop.
+
+        `atomic`: `fn` writes several statements, undone together if it fails (the others are
+        single statements, atomic anyway).
+        """
         try:
-            fn(*args)
+            with db.savepoint(self.conn) if atomic else contextlib.nullcontext():
+                fn(*args)
         except Exception:
             rt.log.exception("supervisor_error")
 
@@ -283,7 +289,7 @@ class Supervisor:
                 return answers
             if future.set_running_or_notify_cancel():
                 try:
-                    with db.write(self.conn):
+                    with db.savepoint(self.conn):
                         answers.append((future, True, fn()))
                 except BaseException as exc:  # handed back to the caller, never kills the loop
                     answers.append((future, False, exc))
@@ -302,7 +308,7 @@ class Supervisor:
             if task is None:
                 return
             try:
-                with db.write(self.conn):  # a dispatch that fails half-way is undone whole
+                with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
                     self._dispatch(task, now)
             except Exception:
                 log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
@@ -412,11 +418,13 @@ class Supervisor:
 
     # --- messages from a child ------------------------------------------------------------------
 
-    def _drain(self, rt: RunningTask, now: float, limit: int | None) -> None:
+    def _drain(self, rt: RunningTask, now: float, limit: int | None, *, check_exit: bool | None = None) -> None:
         if not rt.channel_open and not rt.child.fork_each:  # a launcher still reports its fork's exit
             return
         was_open = rt.channel_open
-        messages, open_ = rt.child.drain(limit)
+        if check_exit is None:  # not when the last wait saw the process still running
+            check_exit = self._ready is None or rt.child.sentinel in self._ready
+        messages, open_ = rt.child.drain(limit, check_exit=check_exit)
         rt.channel_open = open_
         for message in messages:
             self._handle_message(rt, message, now)
@@ -482,7 +490,7 @@ class Supervisor:
         """
         reusable = rt.reusable()
         while rt.channel_open and not reusable:
-            self._drain(rt, now, None)
+            self._drain(rt, now, None, check_exit=True)
         self._flush_progress(now, only=rt)
         del self.running[rt.task.id]
         if reusable:

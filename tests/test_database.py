@@ -276,15 +276,21 @@ def test_committed_work_survives_kill_9(db_path: Path) -> None:
         conn.close()
 
 
-def test_a_failed_nested_write_is_undone_alone(conn: sqlite3.Connection) -> None:
+def test_a_failed_savepoint_is_undone_alone_and_nested_writes_join(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE note (text TEXT)")
     with db.write(conn):
         conn.execute("INSERT INTO note VALUES ('outer, before')")
         with pytest.raises(RuntimeError):
-            with db.write(conn):
-                conn.execute("INSERT INTO note VALUES ('nested')")
+            with db.savepoint(conn):
+                conn.execute("INSERT INTO note VALUES ('in the savepoint')")
+                with db.write(conn):  # joins: undone with the savepoint
+                    conn.execute("INSERT INTO note VALUES ('nested in it')")
                 raise RuntimeError("refused")
-        with db.write(conn):
-            conn.execute("INSERT INTO note VALUES ('nested, kept')")
+        with db.savepoint(conn):
+            conn.execute("INSERT INTO note VALUES ('savepoint, kept')")
         conn.execute("INSERT INTO note VALUES ('outer, after')")
-    assert [r[0] for r in conn.execute("SELECT text FROM note")] == ["outer, before", "nested, kept", "outer, after"]
+    assert [r[0] for r in conn.execute("SELECT text FROM note")] == ["outer, before", "savepoint, kept", "outer, after"]
+    with db.savepoint(conn):  # outside a transaction: one of its own
+        conn.execute("INSERT INTO note VALUES ('alone')")
+    assert not conn.in_transaction
+    assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == 4

@@ -72,22 +72,32 @@ def open_database(
 
 
 @contextlib.contextmanager
-def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One atomic write transaction.
+def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Inside a transaction: if the block fails, undo what it wrote and let the transaction go on.
 
-    A nested use is a savepoint of the outer transaction: if it fails, its own changes are undone
-    and the outer transaction goes on (the supervisor runs a whole tick in one transaction, and one
-    task's refused transition must not take the others' changes with it).
+    For callers that catch an error and carry on (the supervisor runs a whole tick in one
+    transaction; one task's failed step must not take the others' changes with it, nor leave
+    half of its own). Outside a transaction it is one of its own, as `write`.
     """
-    if conn.in_transaction:
-        conn.execute("SAVEPOINT nested_write")
-        try:
+    if not conn.in_transaction:
+        with write(conn):
             yield conn
-        except BaseException:
-            conn.execute("ROLLBACK TO nested_write")
-            conn.execute("RELEASE nested_write")
-            raise
-        conn.execute("RELEASE nested_write")
+        return
+    conn.execute("SAVEPOINT undo_on_error")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK TO undo_on_error")
+        conn.execute("RELEASE undo_on_error")
+        raise
+    conn.execute("RELEASE undo_on_error")
+
+
+@contextlib.contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One atomic write transaction; nested uses join the outer one (see `savepoint`)."""
+    if conn.in_transaction:
+        yield conn
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
