@@ -1,10 +1,12 @@
 """The supervisor: claims ready tasks and runs each in its own executor subprocess (SPEC §6-§7).
 
-The loop is `tick(now)`: run the requests handed over by other threads, drain the children's status
-channels, finish the children that ended, escalate cancels and timeouts, flush coalesced progress,
-stamp heartbeats, then claim while a worker slot is free. `run()` is the thin shell around it that
-sleeps in `multiprocessing.connection.wait` on every child's channel and sentinel plus a wake-up
-pipe, so a submission, a message or a child's exit wakes it at once; the timeout is only a fallback.
+The loop is `tick()`, one SQLite transaction: run the requests handed over by other threads, drain
+the children's status channels, finish the attempts that ended, escalate cancels and timeouts,
+flush coalesced progress, stamp heartbeats, then claim while a worker slot is free; after the
+commit, answer the requests and hand the started tasks to their processes. `run()` is the thin
+shell around it that sleeps in `multiprocessing.connection.wait` on every child's channels and
+sentinel plus a wake-up pipe, so a submission, a message or a child's exit wakes it at once; the
+timeout is only a fallback.
 
 Only the loop thread touches the database connection: other threads call the public methods, which
 hand the work to the loop (`call`) and wait for its answer.
