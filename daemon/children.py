@@ -108,6 +108,7 @@ class ExecutorProcess:
     attempts: int = 0  # attempts assigned so far
     last: bool = False  # the current attempt is its last: it exits after reporting
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
+    _next_process: tuple[int, float | None] | None = dataclasses.field(default=None, repr=False)
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -122,7 +123,9 @@ class ExecutorProcess:
     def next_attempt_process(self) -> tuple[int, float | None]:
         """The pid and start time of the process the next attempt will run in, to record first."""
         if self.fork_each and self.attempt_pid is not None:
-            return self.attempt_pid, process_start_time(self.attempt_pid)
+            if self._next_process is None or self._next_process[0] != self.attempt_pid:
+                self._next_process = (self.attempt_pid, process_start_time(self.attempt_pid))
+            return self._next_process
         return self.pid, self.create_time
 
     def assign(
