@@ -99,6 +99,7 @@ class ExecutorProcess:
     assignments: Connection | None  # our end of the pipe attempts are sent on; None after the last
     reports: channel.StatusReader | None = None  # a launcher's own messages; None: not a launcher
     attempt_pid: int | None = None  # a launcher's fork waiting for the next attempt
+    awaiting_report: bool = False  # a launcher whose last attempt's exit it has not reported yet
     # The process running the current attempt, by pid and start time: the launcher's fork, or
     # this process itself. Stop escalation signals its tree, never a launcher's.
     attempt_process: tuple[int, float | None] | None = None
@@ -139,6 +140,7 @@ class ExecutorProcess:
         self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
         self.task_id, self.log_path, self.last = task.id, log_path, last
         self.attempt_process = self.next_attempt_process()
+        self.awaiting_report = self.fork_each
         self.attempts += 1
         self.started = time.monotonic()
         try:
@@ -198,8 +200,21 @@ class ExecutorProcess:
                 next_pid = report.get("next_pid")
                 valid = isinstance(next_pid, int) and not isinstance(next_pid, bool)
                 self.attempt_pid = next_pid if valid else None
+                self._next_process = None  # a new fork, even if its pid is the last one's
+                self.awaiting_report = False
                 return report
         return None
+
+    def settled(self) -> bool:
+        """Ready for an attempt: not a launcher, or one that has reported its last attempt's exit
+        (and so announced the fork that waits for the next). Reads its report if it has come."""
+        if self.reports is not None and self.awaiting_report and not self._closed:
+            # Only the report can be left: the attempt's result was its last word.
+            for message in self.drain(100).messages:
+                if message.get("type") == "exited" and message.get("exitcode") not in (0, None):
+                    log.warning("executor_exit_after_result", pid=self.pid, task_id=self.task_id,
+                                exit=describe_exit(message.get("exitcode")))
+        return not self.awaiting_report
 
     def fds(self) -> list[Any]:
         """What to wait on for news of this process: its sentinel and open channels."""

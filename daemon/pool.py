@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from multiprocessing import connection as mp_connection
 from typing import Iterator
 
 import structlog
@@ -9,6 +11,9 @@ import structlog
 from daemon import children
 
 log = structlog.get_logger("fredica.supervisor")
+# How long a dispatch may wait for a launcher to report its last fork's exit (normally about a
+# millisecond) before it starts a new process instead.
+SETTLE_WAIT = 0.05
 
 
 class IdleProcesses:
@@ -18,11 +23,15 @@ class IdleProcesses:
     Used by the supervisor's loop thread only.
     """
 
-    def __init__(self, context: children.ExecutorContext, *, warm_spare: bool, launchers: bool) -> None:
+    def __init__(
+        self, context: children.ExecutorContext, *, warm_spare: bool, launchers: bool, settle_timeout: float
+    ) -> None:
         self._context = context
         self._warm_spare = warm_spare
         self._spare_is_launcher = launchers  # what most tasks will need
+        self._settle_timeout = settle_timeout
         self._processes: list[children.ExecutorProcess] = []
+        self._returned_at: dict[int, float] = {}  # pid -> when put back (time.monotonic())
 
     def __iter__(self) -> Iterator[children.ExecutorProcess]:
         return iter(list(self._processes))
@@ -31,33 +40,68 @@ class IdleProcesses:
         return len(self._processes)
 
     def take(self, *, launcher: bool) -> children.ExecutorProcess:
-        """An idle launcher, or an idle process that runs attempts itself; started if none waits."""
-        # Newest first: a process that has just finished an attempt is reused before the spare.
-        for process in reversed(list(self._processes)):
-            if process.fork_each != launcher:
-                continue
-            self._processes.remove(process)
-            if process.is_alive():
-                return process
-            log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
-            process.close()
+        """An idle launcher, or an idle process that runs attempts itself; started if none waits.
+
+        A launcher whose last attempt has sent its result may not have reported that fork's exit
+        yet (the fork is tearing down, then the next is forked): it is taken once it has. If none
+        is ready, one put back a moment ago is waited for briefly, which is cheaper than starting
+        a process.
+        """
+        for waited in (False, True):
+            for process in reversed(self._usable(launcher)):  # newest first: reuse before the spare
+                if process.settled() and process.is_alive():
+                    self._remove(process)
+                    return process
+            recent = [p for p in self._usable(launcher) if self._age(p) < SETTLE_WAIT]
+            if waited or not recent:
+                break
+            mp_connection.wait([p.reports for p in recent if p.reports is not None], SETTLE_WAIT)
         return children.start_process(self._context, fork_each=launcher)
 
     def put_back(self, process: children.ExecutorProcess) -> None:
         """A process whose attempt is over and that takes another."""
         self._processes.append(process)
+        self._returned_at[process.pid] = time.monotonic()
 
     def keep_a_spare(self) -> None:
         """Start the next task's process now, while nothing waits for it."""
-        if not self._warm_spare or self._processes:
+        if not self._warm_spare or any(p.settled() or self._age(p) < SETTLE_WAIT for p in self._usable(None)):
             return
         try:
             self._processes.append(children.start_process(self._context, fork_each=self._spare_is_launcher))
         except Exception:
             log.exception("spare_executor_failed")
 
+    def _usable(self, launcher: bool | None) -> list[children.ExecutorProcess]:
+        """The idle processes of the kind asked for (any if None), dead ones closed and dropped,
+        and the attempt of a launcher that has not reported its exit long after its result ended."""
+        usable = []
+        for process in list(self._processes):
+            if not process.is_alive():
+                self._remove(process)
+                log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
+                process.close()
+                continue
+            if not process.settled() and self._age(process) > self._settle_timeout:
+                # Its fork sent its result but will not exit (stuck in its own shutdown): end it,
+                # so that its launcher reports and can be used again.
+                log.warning("executor_stuck_after_result", pid=process.attempt_process, task_id=process.task_id)
+                process.kill_tree()
+                self._returned_at[process.pid] = time.monotonic()
+            if launcher is None or process.fork_each == launcher:
+                usable.append(process)
+        return usable
+
+    def _age(self, process: children.ExecutorProcess) -> float:
+        return time.monotonic() - self._returned_at.get(process.pid, 0.0)
+
+    def _remove(self, process: children.ExecutorProcess) -> None:
+        self._processes.remove(process)
+        self._returned_at.pop(process.pid, None)
+
     def dismiss_all(self) -> None:
         """End every idle process (they exit when their assignment pipe closes)."""
         processes, self._processes = self._processes, []
+        self._returned_at.clear()
         for process in processes:
             process.dismiss()

@@ -58,12 +58,14 @@ class RunningTask:
             self.paused_since = None
 
     def reusable(self) -> bool:
-        """The attempt is over and its process waits for another: a launcher whose fork has
-        exited, or (tasks_per_process > 1) a process that reported a result and was not told it
-        was its last attempt."""
+        """The attempt is over and its process takes another: a launcher whose fork has sent its
+        result or exited, or (tasks_per_process > 1) a process that reported a result and was
+        not told it was its last attempt."""
         if self.child.fork_each:
-            # Stop escalation signals the fork's tree, never the launcher: it stays usable.
-            over = self.attempt_exitcode is not None
+            # Over once the fork has sent its result (its exit then follows, reported later) or
+            # has exited. Stop escalation signals the fork's tree, never the launcher: it stays
+            # usable, and takes its next task once it has reported that exit (`settled`).
+            over = self.finishing()
         else:
             # A SIGTERMed process may be on its way out.
             over = self.result is not None and not self.child.last and self.terminated_at is None
@@ -78,8 +80,8 @@ class RunningTask:
         return self.attempt_exitcode if self.attempt_exitcode is not None else self.child.exitcode
 
     def attempt_over(self) -> bool:
-        """True once the attempt's outcome is known: its process has exited (a launcher's fork,
-        or the executor process), or it has reported and its process takes another."""
+        """True once the attempt's outcome is known: its result has come or its process has exited
+        (a launcher's fork, or the executor process)."""
         if self.child.fork_each and self.attempt_exitcode is not None:
             return True
         return self.reusable() or self.has_exited()

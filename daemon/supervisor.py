@@ -77,7 +77,8 @@ class Supervisor:
         self.context = children.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, RunningTask] = {}
         self.idle = pool.IdleProcesses(
-            self.context, warm_spare=settings.warm_spare, launchers=settings.tasks_per_process == 1
+            self.context, warm_spare=settings.warm_spare, launchers=settings.tasks_per_process == 1,
+            settle_timeout=settings.cancel_grace,
         )
         self.started_at = clock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (

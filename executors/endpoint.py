@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 from daemon import models
 from executors import registry
 from executors.base import ExecuteResult, TaskContext
-from executors.channel import READ_CHUNK, StatusQueue
+from executors.channel import READ_CHUNK, StatusQueue, encode
 from executors.steering import ControlReader, Steering
 
 if TYPE_CHECKING:
@@ -218,20 +218,23 @@ def _run_attempt(
     )
     message = result_message(_execute(task, executor_ref, ctx, endpoint_log))
     channel.close()  # the result is the attempt's last message
-    exit_code = 0
     try:
-        try:
-            status.put(message)
-        except (TypeError, ValueError) as exc:
-            message = _error_message(f"the result cannot be sent: {exc}")
-            status.put(message)
-    except OSError as exc:  # the supervisor is gone: nobody left to report to
-        endpoint_log.error("cannot report the result: %s", exc)
-        exit_code = 1
+        encode(message)
+    except (TypeError, ValueError) as exc:
+        message = _error_message(f"the result cannot be sent: {exc}")
+    # The log is complete before the result goes: once the supervisor records the task as ended,
+    # `fredica logs` may read the log to its end, and this process may still be exiting.
     if message["error"] is None:
         endpoint_log.info("task finished: ok")
     else:
         endpoint_log.info("task finished: %s: %s", message["error_type"], message["error"])
+    _flush_output()
+    exit_code = 0
+    try:
+        status.put(message)
+    except OSError as exc:  # the supervisor is gone: nobody left to report to
+        endpoint_log.error("cannot report the result: %s", exc)
+        exit_code = 1
     logging.getLogger().removeHandler(handler)
     _flush_output()
     return exit_code

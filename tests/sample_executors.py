@@ -324,3 +324,23 @@ class Garbler(TaskExecutor):
         os.write(status_fd, b"\xff\xff\xff\x7fnot a frame")
         threading.Event().wait()
         return ExecuteResult()
+
+
+class StuckAfterResult(TaskExecutor):
+    """Returns its result, but its process then hangs on the way out (a log handler whose flush
+    never returns, which the process's final logging.shutdown() calls)."""
+
+    task_type = "STUCK_AFTER_RESULT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        import logging
+
+        class NeverFlushes(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                pass
+
+            def flush(self) -> None:
+                threading.Event().wait()
+
+        logging.getLogger("stuck").addHandler(NeverFlushes())
+        return ExecuteResult(result={"pid": os.getpid()})

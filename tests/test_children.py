@@ -718,3 +718,27 @@ def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
         assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"after": 1}
     finally:
         launcher.dismiss()
+
+
+@pytest.mark.parametrize("fork_each", [True, False])
+def test_an_attempts_log_is_whole_before_its_result_is_sent(tmp_path: Path, forkserver: Any, fork_each: bool) -> None:
+    process = children.start_process(forkserver, fork_each=fork_each)
+    try:
+        for n in range(10):
+            log_path = tmp_path / f"{n}.log"
+            process.assign(make_task("PRINT", id=f"task-{n}"), "tests.sample_executors:Printer", {}, log_path,
+                           last=False)
+            seen: list[dict[str, Any]] = []
+
+            def arrived(kind: str) -> bool:
+                # Woken by the channel itself, not by polling: the result is read the moment it lands.
+                mp_connection.wait(process.fds(), 5)
+                seen.extend(process.drain()[0])
+                return any(m["type"] == kind for m in seen)
+
+            wait_for(lambda: arrived("result"), interval=0)
+            assert log_path.read_text().rstrip().endswith("task finished: ok")
+            if fork_each:
+                wait_for(lambda: arrived("exited"), interval=0)
+    finally:
+        process.dismiss()

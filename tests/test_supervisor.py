@@ -39,6 +39,8 @@ EXECUTORS = {
         "STATE": "ProcessState",
         "FRESH_STATE": "FreshProcessState",
         "GARBLE": "Garbler",
+        "STUCK_AFTER_RESULT": "StuckAfterResult",
+        "PRINT": "Printer",
     }.items()
 } | {
     name: f"tests.hook_executors:{cls}"
@@ -469,6 +471,9 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     assert first.executor_pid == first.result["pid"] == waiting != spare.pid
     assert first.executor_started_at == waiting_since
     wait_for(lambda: ended_process(waiting))
+    # Its launcher takes the next task once it has reported that fork's exit (the spare started
+    # meanwhile would do too: the newest settled launcher is taken first).
+    wait_for(lambda: sup.call(spare.settled))
     second = wait_ended(sup, submit(sup, "STATE"))
     # A new fork for the next task, from the same launcher, which waits again for the next one
     # (beside the spare started when the first task took it).
@@ -618,3 +623,28 @@ def test_an_attempt_that_garbles_its_channel_is_ended_and_the_next_task_runs(
     assert garbled.status is TaskStatus.FAILED and garbled.error_type == models.CRASHED
     after = wait_ended(sup, submit(sup, "STATE"))
     assert after.status is TaskStatus.COMPLETED and after.executor_pid != garbled.executor_pid
+
+
+def test_a_task_log_is_complete_when_the_task_is_recorded_as_ended(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_workers=2)
+    ids = [t.id for t in sup.submit([parse_spec({"type": "PRINT"}) for _ in range(20)]).tasks]
+    for task_id in ids:
+        assert wait_ended(sup, task_id).status is TaskStatus.COMPLETED
+        # No waiting: the attempt's process may still be exiting, its log is already whole.
+        log_text = (tmp_path / "logs" / "tasks" / f"{task_id}.log").read_text()
+        assert "hello from a grandchild" in log_text and log_text.rstrip().endswith("task finished: ok")
+
+
+def test_a_process_stuck_after_its_result_is_ended_and_its_launcher_used_again(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_workers=1, cancel_grace=0.2, idle_poll_interval=0.1)
+    stuck = wait_ended(sup, submit(sup, "STUCK_AFTER_RESULT"))
+    assert stuck.status is TaskStatus.COMPLETED  # its result counts: it was sent
+    launcher = psutil.Process(stuck.executor_pid).ppid()
+    wait_for(lambda: ended_process(stuck.executor_pid))  # ended once cancel_grace has passed
+    after = [wait_ended(sup, submit(sup, "STATE")) for _ in range(3)]
+    assert all(t.status is TaskStatus.COMPLETED for t in after)
+    assert launcher in [p.pid for p in sup.call(lambda: list(sup.idle))]  # not replaced: usable again
