@@ -58,7 +58,7 @@ def record(
     if outcome.action is Action.RETRY:
         tasks.retry(
             conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
-            not_before=now + outcome.retry_delay, now=now,
+            not_before=now + outcome.retry_delay, now=now, known=task,
         )
         bound.info("task_retrying", error_type=outcome.error_type, delay=outcome.retry_delay,
                    retry=task.retry_count + 1, max_retries=task.max_retries)

@@ -344,16 +344,27 @@ def fail(
 
 
 def retry(
-    conn: sqlite3.Connection, task_id: str, *, error: str, error_type: str, not_before: float, now: float
+    conn: sqlite3.Connection,
+    task_id: str,
+    *,
+    error: str,
+    error_type: str,
+    not_before: float,
+    now: float,
+    known: Task | None = None,
 ) -> Task:
-    """running → pending for another attempt: `retry_count + 1`, not before `not_before`."""
+    """running → pending for another attempt: `retry_count + 1`, not before `not_before`.
+
+    With `known` (the caller's snapshot) the row is not read first; the guarded UPDATE still
+    refuses it if the task's status has moved since."""
     with write(conn):
-        task = get(conn, task_id)
+        task = known if known is not None and known.id == task_id else get(conn, task_id)
         return transition(
             conn,
             task_id,
             TaskStatus.PENDING,
             now=now,
+            known=task,
             expect=[TaskStatus.RUNNING, TaskStatus.CLAIMED],
             error=error,
             error_type=error_type,
