@@ -105,7 +105,6 @@ class ExecutorProcess:
     attempt_process: tuple[int, float | None] | None = None
     task_id: str | None = None  # the attempt it runs or ran last
     log_path: Path | None = None
-    started: float = 0.0  # time.monotonic() when the current attempt was sent
     attempts: int = 0  # attempts assigned so far
     last: bool = False  # the current attempt is its last: it exits after reporting
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
@@ -142,7 +141,6 @@ class ExecutorProcess:
         self.attempt_process = self.next_attempt_process()
         self.awaiting_report = self.fork_each
         self.attempts += 1
-        self.started = time.monotonic()
         try:
             self.assignments.send((task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token))
         finally:

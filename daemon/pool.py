@@ -48,11 +48,16 @@ class IdleProcesses:
         a process.
         """
         for waited in (False, True):
-            for process in reversed(self._usable(launcher)):  # newest first: reuse before the spare
-                if process.settled() and process.is_alive():
-                    self._remove(process)
+            # Newest first: a process that has just finished an attempt is reused before the spare.
+            for process in reversed([p for p in self._processes if p.fork_each == launcher]):
+                if not process.settled():
+                    continue
+                self._remove(process)
+                if process.is_alive():
                     return process
-            recent = [p for p in self._usable(launcher) if self._age(p) < SETTLE_WAIT]
+                log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
+                process.close()
+            recent = [p for p in self._processes if p.fork_each == launcher and self._age(p) < SETTLE_WAIT]
             if waited or not recent:
                 break
             mp_connection.wait([p.reports for p in recent if p.reports is not None], SETTLE_WAIT)
@@ -64,33 +69,26 @@ class IdleProcesses:
         self._returned_at[process.pid] = time.monotonic()
 
     def keep_a_spare(self) -> None:
-        """Start the next task's process now, while nothing waits for it."""
-        if not self._warm_spare or any(p.settled() or self._age(p) < SETTLE_WAIT for p in self._usable(None)):
+        """Start the next task's process now, while nothing waits for it (run every tick: it
+        makes no system call unless a process must be started or a stuck fork ended)."""
+        self._end_stuck_forks()
+        if not self._warm_spare:
             return
+        if any(not p.awaiting_report or self._age(p) < SETTLE_WAIT for p in self._processes):
+            return  # one is ready, or about to be
         try:
             self._processes.append(children.start_process(self._context, fork_each=self._spare_is_launcher))
         except Exception:
             log.exception("spare_executor_failed")
 
-    def _usable(self, launcher: bool | None) -> list[children.ExecutorProcess]:
-        """The idle processes of the kind asked for (any if None), dead ones closed and dropped,
-        and the attempt of a launcher that has not reported its exit long after its result ended."""
-        usable = []
-        for process in list(self._processes):
-            if not process.is_alive():
-                self._remove(process)
-                log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
-                process.close()
-                continue
-            if not process.settled() and self._age(process) > self._settle_timeout:
-                # Its fork sent its result but will not exit (stuck in its own shutdown): end it,
-                # so that its launcher reports and can be used again.
+    def _end_stuck_forks(self) -> None:
+        """A launcher whose fork sent its result long ago but has not exited (stuck in its own
+        shutdown): end that fork, so that the launcher reports and can be used again."""
+        for process in self._processes:
+            if process.awaiting_report and self._age(process) > self._settle_timeout and not process.settled():
                 log.warning("executor_stuck_after_result", pid=process.attempt_process, task_id=process.task_id)
                 process.kill_tree()
                 self._returned_at[process.pid] = time.monotonic()
-            if launcher is None or process.fork_each == launcher:
-                usable.append(process)
-        return usable
 
     def _age(self, process: children.ExecutorProcess) -> float:
         return time.monotonic() - self._returned_at.get(process.pid, 0.0)

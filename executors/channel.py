@@ -44,7 +44,11 @@ class StatusQueue:
 
     def put(self, message: Mapping[str, Any]) -> None:
         """Send `message` (encoded before anything is written, so a bad one sends nothing)."""
-        data = memoryview(encode(message))
+        self.put_frame(encode(message))
+
+    def put_frame(self, frame: bytes) -> None:
+        """Send a message already framed by `encode`."""
+        data = memoryview(frame)
         with self._lock:
             while data:
                 written = os.write(self._fd, data)

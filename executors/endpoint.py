@@ -219,9 +219,10 @@ def _run_attempt(
     message = result_message(_execute(task, executor_ref, ctx, endpoint_log))
     channel.close()  # the result is the attempt's last message
     try:
-        encode(message)
+        frame = encode(message)
     except (TypeError, ValueError) as exc:
         message = _error_message(f"the result cannot be sent: {exc}")
+        frame = encode(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
     if message["error"] is None:
@@ -231,7 +232,7 @@ def _run_attempt(
     _flush_output()
     exit_code = 0
     try:
-        status.put(message)
+        status.put_frame(frame)
     except OSError as exc:  # the supervisor is gone: nobody left to report to
         endpoint_log.error("cannot report the result: %s", exc)
         exit_code = 1

@@ -648,3 +648,17 @@ def test_a_process_stuck_after_its_result_is_ended_and_its_launcher_used_again(
     after = [wait_ended(sup, submit(sup, "STATE")) for _ in range(3)]
     assert all(t.status is TaskStatus.COMPLETED for t in after)
     assert launcher in [p.pid for p in sup.call(lambda: list(sup.idle))]  # not replaced: usable again
+
+
+def test_a_launcher_just_put_back_is_waited_for_rather_than_a_new_one_started(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    # No spare, one worker: each next task finds only the launcher whose fork has just sent its
+    # result and may not have exited yet. It takes that launcher once it reports the exit.
+    sup = make_supervisor(max_workers=1, warm_spare=False)
+    ids = [t.id for t in sup.submit([parse_spec({"type": "STATE"}) for _ in range(8)]).tasks]
+    ended = [wait_ended(sup, task_id) for task_id in ids]
+    assert all(t.status is TaskStatus.COMPLETED for t in ended)
+    assert len({t.executor_pid for t in ended}) == 8  # a fresh process for each
+    idle = sup.call(lambda: list(sup.idle))
+    assert len(idle) == 1 and idle[0].attempts == 8  # all of them forks of one launcher
