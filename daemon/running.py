@@ -37,7 +37,6 @@ class RunningTask:
     killed: bool = False
     paused_since: float | None = None
     paused_seconds: float = 0.0
-    channel_open: bool = True
 
     @property
     def log(self) -> Any:
@@ -56,6 +55,11 @@ class RunningTask:
         if self.paused_since is not None:
             self.paused_seconds += now - self.paused_since
             self.paused_since = None
+
+    @property
+    def channel_open(self) -> bool:
+        """More may still be read from the attempt's status channel."""
+        return not self.child.status.closed
 
     def reusable(self) -> bool:
         """The attempt is over and its process takes another: a launcher whose fork has sent its

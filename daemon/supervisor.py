@@ -428,7 +428,6 @@ class Supervisor:
         if check_exit is None:  # not when the last wait saw the process still running
             check_exit = self._ready is None or rt.child.sentinel in self._ready
         messages, open_ = rt.child.drain(limit, check_exit=check_exit)
-        rt.channel_open = open_
         for message in messages:
             self._handle_message(rt, message, now)
         garbled = (rt.child.status.close_reason or "").startswith(("garbled", "read error"))
