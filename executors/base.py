@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
@@ -117,22 +117,43 @@ class TaskContext:
         resume_event: Event,
         *,
         upstream: Mapping[str, Any] | None = None,
-        log: logging.Logger | None = None,
+        log: logging.Logger | Callable[[], logging.Logger] | None = None,
     ) -> None:
         self.task = task
         self.upstream: dict[str, Any] = dict(upstream or {})
         self._status = status
         self._cancel = cancel_event
         self._resume = resume_event
-        self._lock = threading.Lock()  # guards the progress de-duplication
+        self._lock = threading.Lock()  # guards the progress de-duplication and making the logger
         self._pause_lock = threading.Lock()  # guards self-pause state and its two messages
         self._last_progress: tuple[int, str | None] | None = None
         self._self_paused = False
-        if log is None:
-            log = logging.getLogger(f"fredica.task.{task.id}")
-        if not any(isinstance(h, _ForwardToSupervisor) for h in log.handlers):
-            log.addHandler(_ForwardToSupervisor(status))
-        self.log = log
+        self._log: logging.Logger | None = None
+        self._make_log = log  # a logger, a function making one (on first use), or None: the default
+
+    @property
+    def log(self) -> logging.Logger:
+        """The task's logger: its lines go to the task's log, WARNING and above to the daemon's too.
+
+        Made on first use: most tasks never log, and a logger costs a short task a tenth of its
+        process's time.
+        """
+        with self._lock:
+            if self._log is None:
+                log = self._make_log
+                if log is None:
+                    log = logging.getLogger(f"fredica.task.{self.task.id}")
+                elif not isinstance(log, logging.Logger):
+                    log = log()
+                if not any(isinstance(h, _ForwardToSupervisor) for h in log.handlers):
+                    log.addHandler(_ForwardToSupervisor(self._status))
+                self._log = log
+            return self._log
+
+    @log.setter
+    def log(self, logger: logging.Logger) -> None:
+        with self._lock:
+            self._log = logger
 
     # --- progress ---------------------------------------------------------------------------------
 

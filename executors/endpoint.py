@@ -15,6 +15,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Mapping, NoReturn
@@ -64,8 +65,10 @@ def serve(
     # A segfault in an extension module then leaves a Python traceback in the task's log (fd 2
     # is pointed at each attempt's log in turn), which the supervisor quotes in the CRASHED error.
     faulthandler.enable(file=2, all_threads=True)
+    # Made once here, inherited by every fork: an attempt only points fds 1 and 2 at its log.
+    output = AttemptOutput()
     if reports is not None:
-        _launch_each_attempt(assignments, control, status, StatusQueue(reports))
+        _launch_each_attempt(assignments, control, status, StatusQueue(reports), output)
     steering = ControlReader(control.fileno())
     while True:
         try:
@@ -73,14 +76,14 @@ def serve(
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, 0)
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt))
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
         if last or exit_code:
             assignments.close()
             _shut_down(status, exit_code)
 
 
 def _launch_each_attempt(
-    assignments: Connection, control: Connection, status: StatusQueue, reports: StatusQueue
+    assignments: Connection, control: Connection, status: StatusQueue, reports: StatusQueue, output: AttemptOutput
 ) -> NoReturn:
     """Run every attempt in a fresh fork of this process, which itself never runs executor code.
 
@@ -103,7 +106,7 @@ def _launch_each_attempt(
             assignments.close()  # the launcher's: the attempt reads only its hand-over pipe
             reports.close()
             _die_with_parent(launcher, prctl)
-            _run_handed_attempt(handoff_r, control, status)
+            _run_handed_attempt(handoff_r, control, status, output)
         os.close(handoff_r)
         return pid, handoff_w
 
@@ -132,9 +135,9 @@ def _launch_each_attempt(
             _shut_down(status, 1)  # the supervisor is gone
 
 
-def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue) -> NoReturn:
+def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue, output: AttemptOutput) -> NoReturn:
     """The forked attempt: wait for its task on the hand-over pipe, run it, exit."""
-    steering = ControlReader(control.fileno())  # reads ahead: commands may come with the task
+    steering = ControlReader(control.fileno())
     chunks = []
     while chunk := os.read(handoff, READ_CHUNK):
         chunks.append(chunk)
@@ -142,7 +145,8 @@ def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue) 
     if not chunks:
         os._exit(0)  # the launcher was dismissed before a task came
     task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(b"".join(chunks))
-    _shut_down(status, _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt)))
+    exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
+    _shut_down(status, exit_code)
 
 
 def _prctl() -> Any:
@@ -199,24 +203,26 @@ def _run_attempt(
     log_path: str,
     status: StatusQueue,
     steering: Steering,
+    output: AttemptOutput,
 ) -> int:
     """Run one attempt of `task` and send its result; the exit code the process should end with
     if it stops now (non-zero when the result could not be reported or the attempt not set up)."""
     channel = AttemptChannel(status)
     try:
-        log_file = _redirect_output(log_path)
-        endpoint_log, task_log, handler = _loggers(task, log_file)
-        ctx = TaskContext(task, channel, steering.cancel, steering.resume, upstream=upstream, log=task_log)
+        output.begin(log_path)
+        ctx = TaskContext(
+            task, channel, steering.cancel, steering.resume, upstream=upstream, log=lambda: output.task_logger(task)
+        )
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
         try:
             status.put(_error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))
         finally:
             os._exit(1)
-    endpoint_log.info(
-        "task %s (%s) attempt %d started in pid %d with %s",
-        task.id, task.type, task.retry_count + 1, os.getpid(), executor_ref,
+    output.line(
+        "INFO",
+        f"task {task.id} ({task.type}) attempt {task.retry_count + 1} started in pid {os.getpid()} with {executor_ref}",
     )
-    message = result_message(_execute(task, executor_ref, ctx, endpoint_log))
+    message = result_message(_execute(task, executor_ref, ctx, output))
     channel.close()  # the result is the attempt's last message
     try:
         frame = encode(message)
@@ -226,18 +232,17 @@ def _run_attempt(
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
     if message["error"] is None:
-        endpoint_log.info("task finished: ok")
+        output.line("INFO", "task finished: ok")
     else:
-        endpoint_log.info("task finished: %s: %s", message["error_type"], message["error"])
-    _flush_output()
+        output.line("INFO", f"task finished: {message['error_type']}: {message['error']}")
+    output.flush()
     exit_code = 0
     try:
         status.put_frame(frame)
     except OSError as exc:  # the supervisor is gone: nobody left to report to
-        endpoint_log.error("cannot report the result: %s", exc)
+        output.line("ERROR", f"cannot report the result: {exc}")
         exit_code = 1
-    logging.getLogger().removeHandler(handler)
-    _flush_output()
+    output.flush()
     return exit_code
 
 
@@ -270,50 +275,86 @@ def _error_message(error: str) -> dict[str, Any]:
     return {"type": "result", "result": None, "error": error, "error_type": models.EXCEPTION}
 
 
-def _execute(task: Task, executor_ref: str, ctx: TaskContext, log: logging.Logger) -> Any:
+def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOutput) -> Any:
     """Import the executor and run it; any exception becomes an EXCEPTION result."""
     try:
         executor = registry.load_class(executor_ref)()
         return executor.execute(task, ctx)
     except BaseException as exc:  # SystemExit from an executor is a bug to report, not an exit
-        log.error("execute() raised:\n%s", "".join(traceback.format_exception(exc)).rstrip())
+        output.line("ERROR", "execute() raised:\n" + "".join(traceback.format_exception(exc)).rstrip())
         return ExecuteResult(error=f"{type(exc).__name__}: {exc}", error_type=models.EXCEPTION)
 
 
-def _redirect_output(log_path: str) -> Any:
-    """Point fds 1 and 2 at the task's log (so the executor's own children write there too)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    # The endpoint's own lines go through fd 2 too (a stream of our own: the executor may replace
-    # sys.stderr), so they interleave in order with what the executor prints.
-    return open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+class AttemptOutput:
+    """Where an attempt's output goes: fds 1 and 2, pointed at the task's log for each attempt.
 
+    The streams and the logging handler are made once per process (a launcher's forks inherit
+    them), so an attempt pays for an open and two dup2s rather than for new file objects and
+    loggers: in a fresh fork, every object first touched costs a copy-on-write page fault.
+    """
 
-def _loggers(task: Task, log_file: Any) -> tuple[logging.Logger, logging.Logger, logging.Handler]:
-    """The endpoint's own logger and `ctx.log`, both writing timestamped lines to the task's log,
-    and the handler that also catches the root logger's records (removed after the attempt)."""
-    handler = logging.StreamHandler(log_file)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    # Libraries that log through the root logger land in the task's log too.
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    loggers = []
-    for name in ("fredica.endpoint", f"fredica.task.{task.id}"):
+    def __init__(self) -> None:
+        self._stdout = self._stderr = self._lines = None
+        self._own_streams()
+        # The endpoint's own lines go through fd 2 too (a stream of our own: the executor may
+        # replace sys.stderr), so they interleave in order with what the executor prints.
+        self._lines = _text_stream(2)
+        self.handler = logging.StreamHandler(self._lines)
+        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        # Libraries that log through the root logger land in the task's log too.
+        root = logging.getLogger()
+        root.addHandler(self.handler)
+        root.setLevel(logging.WARNING)
+
+    def begin(self, log_path: str) -> None:
+        """Point fds 1 and 2 at the task's log (so the executor's own children write there too)."""
+        self.flush()  # what an earlier attempt left buffered belongs to its own log
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self._own_streams()
+
+    def _own_streams(self) -> None:
+        # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
+        # Made again only if an earlier attempt closed them.
+        if self._stdout is None or self._stdout.closed:
+            self._stdout = _text_stream(1)
+        if self._stderr is None or self._stderr.closed:
+            self._stderr = _text_stream(2)
+        if self._lines is not None and self._lines.closed:
+            self._lines = _text_stream(2)
+            self.handler.setStream(self._lines)
+        sys.stdout, sys.stderr = self._stdout, self._stderr
+
+    def line(self, level: str, message: str) -> None:
+        """One line of the endpoint's own, formatted as the loggers' lines are."""
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        try:
+            self._lines.write(f"{stamp},{int(now * 1000) % 1000:03d} {level} {message}\n")
+        except (OSError, ValueError):
+            pass  # the log's disk is full or its stream was closed: the result still goes
+
+    def task_logger(self, task: Task) -> logging.Logger:
+        """A logger for `ctx.log`, writing timestamped lines to the task's log."""
         # Not registered with `logging.getLogger`: a process running many attempts would keep
-        # every attempt's logger (and its handler and file) forever.
-        logger = logging.Logger(name, logging.INFO)
-        logger.addHandler(handler)
+        # every attempt's logger forever.
+        logger = logging.Logger(f"fredica.task.{task.id}", logging.INFO)
+        logger.addHandler(self.handler)
         logger.propagate = False
-        loggers.append(logger)
-    return loggers[0], loggers[1], handler
+        return logger
+
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr, self._lines):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+
+def _text_stream(fd: int) -> Any:
+    return open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
 def _flush_output() -> None:

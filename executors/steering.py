@@ -3,8 +3,13 @@
 The supervisor writes small framed messages, `{"type": "cancel" | "pause" | "resume", "attempt"}`,
 on a control pipe of each executor process. A thread in the process that runs attempts reads them
 and applies each to the Events of the attempt it names (a token unique to one attempt in that
-process, so a command meant for an earlier attempt, even of the same task, never steers a later one): `TaskContext` still gets a cancel Event
-and a resume Event (set = running), and the seed's pause protocol (clear, put, wait) is unchanged.
+process, so a command meant for an earlier attempt, even of the same task, never steers a later
+one): `TaskContext` still gets a cancel Event and a resume Event (set = running), and the seed's
+pause protocol (clear, put, wait) is unchanged.
+
+The thread starts the first time an attempt uses one of its Events, after applying every command
+already in the pipe, so that use sees them all. An attempt that never looks at its Events (most
+short tasks) never pays for a thread; in a fresh fork per attempt that is a fifth of its cost.
 
 Why not `multiprocessing.Event`s shared with the supervisor: they keep a count of waiting
 processes, and setting one waits for every counted waiter to wake. A process that dies while one
@@ -18,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import threading
 from typing import Any
 
@@ -36,45 +42,122 @@ def command(kind: str, attempt: str) -> bytes:
     return encode({"type": kind, "attempt": attempt})
 
 
+class SteeredEvent(threading.Event):
+    """A threading Event whose every use first makes sure the process's control reader has run:
+    whatever the supervisor sent before this moment is applied before the Event is looked at."""
+
+    def __init__(self, reader: ControlReader) -> None:
+        super().__init__()
+        self._reader = reader
+
+    def is_set(self) -> bool:
+        self._reader.start()
+        return super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._reader.start()
+        return super().wait(timeout)
+
+    def set(self) -> None:
+        self._reader.start()
+        super().set()
+
+    def clear(self) -> None:
+        self._reader.start()
+        super().clear()
+
+
 class Steering:
     """One attempt's cancel and resume Events, as the supervisor's commands leave them."""
 
-    def __init__(self, attempt: str) -> None:
+    def __init__(self, attempt: str, reader: ControlReader) -> None:
         self.attempt = attempt
-        self.cancel = threading.Event()
-        self.resume = threading.Event()
-        self.resume.set()  # set = running; a pause clears it
+        self.cancel = SteeredEvent(reader)
+        self.resume = SteeredEvent(reader)
+        threading.Event.set(self.resume)  # set = running; a pause clears it
 
     def apply(self, kind: str) -> None:
+        # The plain Event methods: this runs inside the reader, which needs no starting.
         if kind == "cancel":
             # Cancel first, then wake a paused executor: it must see why it was woken.
-            self.cancel.set()
-            self.resume.set()
+            threading.Event.set(self.cancel)
+            threading.Event.set(self.resume)
         elif kind == "pause":
-            self.resume.clear()
+            threading.Event.clear(self.resume)
         elif kind == "resume":
-            self.resume.set()
+            threading.Event.set(self.resume)
 
 
 class ControlReader:
-    """Reads the control pipe in a daemon thread and steers the attempt each command names."""
+    """Reads the control pipe and steers the attempt each command names: first when an attempt
+    uses its Events (`start`), then in a daemon thread."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the attempts' state: _current and _pending
+        self._start_lock = threading.Lock()
+        self._started = False
+        self._thread: threading.Thread | None = None
+        self._buffer = b""
         self._current: Steering | None = None
         self._pending: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
-        threading.Thread(target=self._run, name="fredica-control", daemon=True).start()
 
     def steer(self, attempt: str) -> Steering:
         """The Events of the attempt that starts now (with the commands already sent for it)."""
-        steering = Steering(attempt)
+        steering = Steering(attempt, self)
         with self._lock:
             for kind in self._pending.pop(attempt, []):
                 steering.apply(kind)
             self._pending.clear()  # meant for attempts that are over or never came
             self._current = steering
         return steering
+
+    def start(self) -> None:
+        """Apply the commands already in the pipe, then keep reading in a daemon thread (once)."""
+        if self._started:
+            return
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True  # before reading: applying a command must not come back here
+            if self._read_available():
+                self._thread = threading.Thread(target=self._run, name="fredica-control", daemon=True)
+                self._thread.start()
+
+    def _read_available(self) -> bool:
+        """Apply what can be read without waiting; False once the pipe is closed."""
+        try:
+            while select.select([self._fd], [], [], 0)[0]:
+                chunk = os.read(self._fd, READ_CHUNK)
+                if not chunk:
+                    return False  # the supervisor is gone
+                self._feed(chunk)
+        except OSError:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._fd, READ_CHUNK)
+            except OSError:
+                return
+            if not chunk:
+                return  # the supervisor is gone
+            self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        buffer = self._buffer + chunk
+        while len(buffer) >= HEADER_SIZE:
+            length = int.from_bytes(buffer[:HEADER_SIZE], "big")
+            if len(buffer) < HEADER_SIZE + length:
+                break
+            body, buffer = buffer[HEADER_SIZE : HEADER_SIZE + length], buffer[HEADER_SIZE + length :]
+            try:
+                self._apply(json.loads(body))
+            except ValueError:
+                pass  # only the supervisor writes here; never let a bad message stop steering
+        self._buffer = buffer
 
     def _apply(self, message: Any) -> None:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:
@@ -88,23 +171,3 @@ class ControlReader:
             self._pending.move_to_end(attempt)
             while len(self._pending) > PENDING_ATTEMPTS:
                 self._pending.popitem(last=False)
-
-    def _run(self) -> None:
-        buffer = b""
-        while True:
-            try:
-                chunk = os.read(self._fd, READ_CHUNK)
-            except OSError:
-                return
-            if not chunk:
-                return  # the supervisor is gone
-            buffer += chunk
-            while len(buffer) >= HEADER_SIZE:
-                length = int.from_bytes(buffer[:HEADER_SIZE], "big")
-                if len(buffer) < HEADER_SIZE + length:
-                    break
-                body, buffer = buffer[HEADER_SIZE : HEADER_SIZE + length], buffer[HEADER_SIZE + length :]
-                try:
-                    self._apply(json.loads(body))
-                except ValueError:
-                    pass  # only the supervisor writes here; never let a bad message stop steering

@@ -38,6 +38,7 @@ def test_commands_steer_the_current_attempt(control: tuple[ControlReader, int]) 
 
 def test_a_command_sent_before_its_attempt_starts_is_kept_for_it(control: tuple[ControlReader, int]) -> None:
     reader, write_fd = control
+    reader.start()  # an earlier attempt of this process used its Events: the thread reads ahead
     send(write_fd, "pause", "task#2")
     send(write_fd, "cancel", "other#1")
     send(write_fd, "pause", "other#1")  # read after the cancel above: its arrival marks both read
@@ -59,6 +60,32 @@ def test_a_command_for_an_earlier_attempt_of_the_same_task_never_steers_its_retr
     assert not retry.cancel.is_set()
     reader.steer("task#3")
     assert reader._pending == {}
+
+
+def test_no_thread_reads_until_an_attempt_uses_its_events(control: tuple[ControlReader, int]) -> None:
+    reader, write_fd = control
+    attempt = reader.steer("task#1")
+    send(write_fd, "pause", "task#1")
+    send(write_fd, "cancel", "other#1")
+    assert reader._thread is None
+    # The first use applies everything sent so far before it answers: no waiting needed.
+    assert not attempt.resume.is_set()
+    assert reader._pending == {"other#1": ["cancel"]}
+    assert reader._thread is not None and reader._thread.is_alive()
+    send(write_fd, "cancel", "task#1")  # and the thread applies what comes later
+    wait_for(attempt.cancel.is_set)
+    assert attempt.resume.is_set()
+
+
+def test_a_stale_resume_cannot_end_a_pause_the_executor_asks_for_later(
+    control: tuple[ControlReader, int]
+) -> None:
+    reader, write_fd = control
+    attempt = reader.steer("task#1")
+    send(write_fd, "pause", "task#1")  # a user's pause and resume, never looked at by the attempt
+    send(write_fd, "resume", "task#1")
+    attempt.resume.clear()  # the seed's clear of request_pause: applies both commands first
+    assert not attempt.resume.is_set()
 
 
 def test_garbage_on_the_control_pipe_stops_nothing(control: tuple[ControlReader, int]) -> None:
