@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import sys
 from typing import Iterator, Mapping
 
 from daemon.errors import FredicaError
@@ -36,7 +37,9 @@ def load_class(ref: str) -> type[TaskExecutor]:
     """Import the TaskExecutor subclass named by "package.module:Class" (the class may be dotted)."""
     module_name, _, qualname = normalise_ref(ref).partition(":")
     try:
-        module = importlib.import_module(module_name)
+        # Looked up first: in an executor process the module is nearly always preloaded, and
+        # import_module's machinery would cost a fresh fork a page fault per object it touches.
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
     except Exception as exc:  # any error while importing user code is a bad reference
         raise ExecutorConfigError(
             f"executor reference {ref!r}: cannot import module {module_name!r} "
