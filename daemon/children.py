@@ -16,8 +16,10 @@ an executor.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
+import select
 import signal
 import time
 from multiprocessing import connection as mp_connection
@@ -107,6 +109,10 @@ class ExecutorProcess:
     log_path: Path | None = None
     attempts: int = 0  # attempts assigned so far
     last: bool = False  # the current attempt is its last: it exits after reporting
+    # The sentinel becomes ready exactly when the process has ended and been reaped (the fork
+    # server's status pipe), so "not ready" answers is_alive with one poll(2) instead of
+    # multiprocessing's selector; a spawned child's sentinel can also be held open by a grandchild.
+    sentinel_exact: bool = False
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
     _next_process: tuple[int, float | None] | None = dataclasses.field(default=None, repr=False)
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
@@ -258,6 +264,8 @@ class ExecutorProcess:
         """True while the executor process runs."""
         if self._closed:
             return False
+        if self.sentinel_exact and not ready([self.sentinel], 0):
+            return True
         return self.process.is_alive()
 
     @property
@@ -265,6 +273,8 @@ class ExecutorProcess:
         """The exit status once ended: >= 0 an exit code, < 0 the signal that killed it."""
         if self._closed:
             return self._exitcode
+        if self.sentinel_exact and not ready([self.sentinel], 0):
+            return None
         return self.process.exitcode
 
     def reap(self, timeout: float | None = 0.0) -> int | None:
@@ -374,6 +384,7 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         create_time=process_start_time(pid),
         assignments=assignments,
         reports=channel.StatusReader(reports) if reports is not None else None,
+        sentinel_exact=isinstance(context, ForkServerContext),
     )
     if fork_each:
         started.attempt_pid = _first_fork(started)
@@ -391,6 +402,22 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
         mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
+
+
+def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of `handles` (fds, or objects with `fileno()`) that are ready to read, waiting up to
+    `timeout` seconds (None: until one is) for one to be.
+
+    What `multiprocessing.connection.wait` does for the supervisor's handles, with one poll object
+    of the C library instead of a Python selector and a key object per handle: the loop waits
+    several times per task.
+    """
+    by_fd = {h if isinstance(h, int) else h.fileno(): h for h in handles}
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in poller.poll(milliseconds)]
 
 
 def process_start_time(pid: int) -> float | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from multiprocessing import connection as mp_connection
 from typing import Any
 
 import structlog
@@ -94,7 +93,7 @@ class RunningTask:
         """True once the executor process has ended and been reaped."""
         if not self.child.is_alive():
             return True
-        if mp_connection.wait([self.child.sentinel], 0):
+        if children.ready([self.child.sentinel], 0):
             # The sentinel fires a moment before the process can be reaped (spawn children are
             # still in their exit path): wait for it here rather than spin the loop until then.
             self.child.reap(0.1)

@@ -21,7 +21,6 @@ import os
 import queue
 import threading
 import time
-from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
@@ -187,7 +186,7 @@ class Supervisor:
         handles: list[Any] = [self._wake_r]
         for rt in self.running.values():
             handles += rt.child.fds()
-        ready = mp_connection.wait(handles, max(0.0, timeout))
+        ready = children.ready(handles, max(0.0, timeout))
         self._ready = set(ready)
         if self._wake_r in ready:
             try:

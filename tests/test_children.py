@@ -742,3 +742,27 @@ def test_an_attempts_log_is_whole_before_its_result_is_sent(tmp_path: Path, fork
                 wait_for(lambda: arrived("exited"), interval=0)
     finally:
         process.dismiss()
+
+
+def test_ready_names_the_handles_with_data_or_end_of_file() -> None:
+    class Handle:
+        def __init__(self, fd: int) -> None:
+            self.fd = fd
+
+        def fileno(self) -> int:
+            return self.fd
+
+    quiet_r, quiet_w = os.pipe()
+    data_r, data_w = os.pipe()
+    closed_r, closed_w = os.pipe()
+    handle = Handle(data_r)
+    try:
+        assert children.ready([quiet_r, handle, closed_r], 0) == []
+        os.write(data_w, b"x")
+        os.close(closed_w)
+        found = children.ready([quiet_r, handle, closed_r], 0)
+        assert len(found) == 2 and handle in found and closed_r in found
+        assert children.ready([quiet_r], 0.01) == []
+    finally:
+        for fd in (quiet_r, quiet_w, data_r, data_w, closed_r):
+            os.close(fd)
