@@ -24,11 +24,15 @@ MAX_MESSAGE = 64 * 1024 * 1024
 READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
 
 
+class MessageTooLarge(ValueError):
+    """A message that is valid JSON but longer than MAX_MESSAGE once encoded."""
+
+
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One framed message; TypeError or ValueError if it is not plain JSON or too large."""
+    """One framed message; TypeError or ValueError if it is not plain JSON (MessageTooLarge if too large)."""
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     if len(body) > MAX_MESSAGE:
-        raise ValueError(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
+        raise MessageTooLarge(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
     return len(body).to_bytes(HEADER_SIZE, "big") + body
 
 

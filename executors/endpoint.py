@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 from daemon import models
 from executors import registry
 from executors.base import ExecuteResult, TaskContext
-from executors.channel import READ_CHUNK, StatusQueue, encode
+from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode
 from executors.steering import ControlReader, Steering
 
 if TYPE_CHECKING:
@@ -225,9 +225,12 @@ def _run_attempt(
     message = result_message(_execute(task, executor_ref, ctx, output))
     channel.close()  # the result is the attempt's last message
     try:
-        frame = encode(message)
+        frame = encode(message)  # also the check that the result can be stored as JSON
     except (TypeError, ValueError) as exc:
-        message = _error_message(f"the result cannot be sent: {exc}")
+        if isinstance(exc, MessageTooLarge):
+            message = _error_message(f"the result cannot be sent: {exc}")
+        else:
+            message = _error_message(f"the result cannot be stored as JSON: {exc}")
         frame = encode(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
@@ -247,7 +250,8 @@ def _run_attempt(
 
 
 def result_message(outcome: Any) -> dict[str, Any]:
-    """The "result" message for what `execute` returned, with its result checked as JSON."""
+    """The "result" message for what `execute` returned (whether its result is plain JSON is
+    found when the message is encoded)."""
     if not isinstance(outcome, ExecuteResult):
         return _error_message(f"execute() returned {type(outcome).__name__}, not an ExecuteResult")
     if not outcome.ok:
@@ -264,10 +268,6 @@ def result_message(outcome: Any) -> dict[str, Any]:
         return _error_message(
             f"the result must be a dict, a JSON string or None, not {type(value).__name__}"
         )
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return _error_message(f"the result cannot be stored as JSON: {exc}")
     return {"type": "result", "result": value, "error": None, "error_type": None}
 
 

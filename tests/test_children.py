@@ -168,6 +168,12 @@ def test_an_unimportable_executor_is_an_exception_in_the_child(launch: Launch) -
     assert result["error_type"] == models.EXCEPTION and "cannot import module 'tests.no_such_module'" in result["error"]
 
 
+def test_a_result_over_the_message_limit_is_an_exception(launch: Launch) -> None:
+    result = result_of(collect(launch("BigResult", {"size": channel.MAX_MESSAGE})))
+    assert result["error"].startswith("the result cannot be sent: message of")
+    assert result["error_type"] == models.EXCEPTION
+
+
 def test_a_big_result_is_reassembled(launch: Launch) -> None:
     result = result_of(collect(launch("BigResult", {"size": 3_000_000})))
     assert result["result"] == {"blob": "x" * 3_000_000}
