@@ -71,6 +71,7 @@ def configure(
     root.setLevel(level)
     # Records carry no caller, thread or process fields we print; not collecting them is the
     # logging HOWTO's own advice for speed (the caller lookup walks the stack for every event).
+    # Process-wide: code in the daemon that asks for stack_info=True gets no stack either.
     logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False

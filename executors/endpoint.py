@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -128,6 +129,10 @@ def _launch_each_attempt(
             os.close(handoff_w)
         _, wait_status = os.waitpid(pid, 0)
         exitcode = os.waitstatus_to_exitcode(wait_status)
+        # Commands the attempt never read (it did not look at its Events) would fill the pipe all
+        # the launcher's forks share; none can be for the next attempt, not assigned before the
+        # report below.
+        _discard_readable(control.fileno())
         pid, handoff_w = fork_next()
         try:
             reports.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
@@ -164,6 +169,17 @@ def _die_with_parent(parent: int, prctl: Any) -> None:
     prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent:  # it died before the request took effect
         os._exit(1)
+
+
+def _discard_readable(fd: int) -> None:
+    """Read and drop whatever `fd` holds now, without waiting."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        while poller.poll(0) and os.read(fd, READ_CHUNK):
+            pass
+    except OSError:
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -288,23 +304,35 @@ def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOut
 class AttemptOutput:
     """Where an attempt's output goes: fds 1 and 2, pointed at the task's log for each attempt.
 
-    The streams and the logging handler are made once per process (a launcher's forks inherit
-    them), so an attempt pays for an open and two dup2s rather than for new file objects and
-    loggers: in a fresh fork, every object first touched costs a copy-on-write page fault.
+    The streams and the logging handler for the first attempt are made ahead of it: in a launcher,
+    before it forks, so every fork inherits them and an attempt pays for an open and two dup2s
+    rather than for new file objects and a handler (in a fresh fork, every object first touched
+    costs a copy-on-write page fault). A process that runs several attempts makes them anew for
+    each later one: an earlier attempt may have detached, wrapped, reconfigured or closed them, or
+    reconfigured the root logger.
     """
 
     def __init__(self) -> None:
-        self._stdout = self._stderr = self._lines = None
-        self._own_streams()
+        self._attempts = 0
+        self.handler: logging.Handler | None = None
+        self._setup()
+
+    def _setup(self) -> None:
+        # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
+        self._stdout = _text_stream(1)
+        self._stderr = _text_stream(2)
         # The endpoint's own lines go through fd 2 too (a stream of our own: the executor may
         # replace sys.stderr), so they interleave in order with what the executor prints.
         self._lines = _text_stream(2)
-        self.handler = logging.StreamHandler(self._lines)
-        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler = logging.StreamHandler(self._lines)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         # Libraries that log through the root logger land in the task's log too.
         root = logging.getLogger()
-        root.addHandler(self.handler)
+        if self.handler is not None:
+            root.removeHandler(self.handler)
+        root.addHandler(handler)
         root.setLevel(logging.WARNING)
+        self.handler = handler
 
     def begin(self, log_path: str) -> None:
         """Point fds 1 and 2 at the task's log (so the executor's own children write there too)."""
@@ -313,40 +341,36 @@ class AttemptOutput:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        self._own_streams()
-
-    def _own_streams(self) -> None:
-        # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
-        # Made again only if an earlier attempt closed them.
-        if self._stdout is None or self._stdout.closed:
-            self._stdout = _text_stream(1)
-        if self._stderr is None or self._stderr.closed:
-            self._stderr = _text_stream(2)
-        if self._lines is not None and self._lines.closed:
-            self._lines = _text_stream(2)
-            self.handler.setStream(self._lines)
+        if self._attempts:
+            self._setup()
+        self._attempts += 1
         sys.stdout, sys.stderr = self._stdout, self._stderr
 
     def line(self, level: str, message: str) -> None:
         """One line of the endpoint's own, formatted as the loggers' lines are."""
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        assert self.handler is not None
+        self.handler.acquire()  # whole lines, between those of ctx.log in other threads
         try:
             self._lines.write(f"{stamp},{int(now * 1000) % 1000:03d} {level} {message}\n")
         except (OSError, ValueError):
             pass  # the log's disk is full or its stream was closed: the result still goes
+        finally:
+            self.handler.release()
 
     def task_logger(self, task: Task) -> logging.Logger:
         """A logger for `ctx.log`, writing timestamped lines to the task's log."""
         # Not registered with `logging.getLogger`: a process running many attempts would keep
         # every attempt's logger forever.
         logger = logging.Logger(f"fredica.task.{task.id}", logging.INFO)
+        assert self.handler is not None
         logger.addHandler(self.handler)
         logger.propagate = False
         return logger
 
     def flush(self) -> None:
-        for stream in (sys.stdout, sys.stderr, self._lines):
+        for stream in (sys.stdout, sys.stderr, self._stdout, self._stderr, self._lines):
             try:
                 stream.flush()
             except Exception:

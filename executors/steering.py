@@ -116,18 +116,20 @@ class ControlReader:
         """Apply the commands already in the pipe, then keep reading in a daemon thread (once)."""
         if self._started:
             return
-        with self._start_lock:
+        with self._start_lock:  # another thread's first use waits until every command is applied
             if self._started:
                 return
-            self._started = True  # before reading: applying a command must not come back here
             if self._read_available():
                 self._thread = threading.Thread(target=self._run, name="fredica-control", daemon=True)
                 self._thread.start()
+            self._started = True
 
     def _read_available(self) -> bool:
         """Apply what can be read without waiting; False once the pipe is closed."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
         try:
-            while select.select([self._fd], [], [], 0)[0]:
+            while poller.poll(0):
                 chunk = os.read(self._fd, READ_CHUNK)
                 if not chunk:
                     return False  # the supervisor is gone

@@ -7,6 +7,8 @@ half a value) and through their status channel, never by sleeping.
 from __future__ import annotations
 
 import ctypes
+import io
+import logging
 import os
 import signal
 import subprocess
@@ -344,3 +346,25 @@ class StuckAfterResult(TaskExecutor):
 
         logging.getLogger("stuck").addHandler(NeverFlushes())
         return ExecuteResult(result={"pid": os.getpid()})
+
+
+class Streams(TaskExecutor):
+    """Prints and logs through a library's logger, then changes the process's output the way
+    `payload["how"]` says: what a later attempt in the same process must not inherit."""
+
+    task_type = "STREAMS"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        print(f"print of {task.id}")
+        logging.getLogger("a.library").warning("library warning of %s", task.id)
+        how = task.payload.get("how")
+        if how == "detach":
+            sys.stdout = io.TextIOWrapper(sys.stdout.detach(), encoding="utf-8", line_buffering=True)
+        elif how == "wrap_buffer":  # when this wrapper goes, it closes the buffer it wraps
+            sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", line_buffering=True)
+        elif how == "unflushed":
+            print(f"unflushed of {task.id}", end="")
+            sys.stdout = io.StringIO()
+        elif how == "root_logging":
+            logging.basicConfig(force=True, level=logging.DEBUG, stream=io.StringIO())
+        return ExecuteResult(result={})

@@ -6,10 +6,13 @@ does, and synchronises on files the sample executors write and on the status cha
 
 from __future__ import annotations
 
+import array
+import fcntl
 import multiprocessing
 import os
 import re
 import signal
+import termios
 import threading
 import time
 from multiprocessing import connection as mp_connection
@@ -555,6 +558,45 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
             assert all(f"task-{m}" not in text for m in range(3) if m != n)
     finally:
         process.close()
+
+
+@pytest.mark.parametrize("how", ["detach", "wrap_buffer", "unflushed", "root_logging"])
+def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path, forkserver: Any, how: str) -> None:
+    process = children.start_process(forkserver)
+    try:
+        first, second = make_task("STREAMS", {"how": how}, id="first"), make_task("STREAMS", id="second")
+        process.assign(first, "tests.sample_executors:Streams", {}, tmp_path / "first.log", last=False)
+        assert result_of(read_until(process))["error"] is None
+        process.assign(second, "tests.sample_executors:Streams", {}, tmp_path / "second.log", last=True)
+        assert result_of(collect(process))["error"] is None
+        first_log, second_log = (tmp_path / "first.log").read_text(), (tmp_path / "second.log").read_text()
+        assert "print of first" in first_log and "library warning of first" in first_log
+        if how == "unflushed":
+            assert "unflushed of first" in first_log
+        assert "print of second" in second_log and "library warning of second" in second_log
+        assert "first" not in second_log
+    finally:
+        process.close()
+
+
+def test_commands_an_attempt_never_read_do_not_fill_its_launchers_control_pipe(
+    tmp_path: Path, forkserver: Any
+) -> None:
+    launcher = children.start_process(forkserver, fork_each=True)
+    try:
+        for n in range(2):
+            # Echo never looks at its Events, so its fork never reads the commands sent to it.
+            launcher.assign(make_task("ECHO", id=f"echo-{n}"), "tests.sample_executors:Echo", {},
+                            tmp_path / f"{n}.log", last=False)
+            launcher.request_cancel()
+            launcher.pause()
+            assert result_of(read_until(launcher))["error"] is None
+            wait_for(launcher.settled)
+            unread = array.array("i", [0])
+            fcntl.ioctl(launcher.control.fileno(), termios.FIONREAD, unread)
+            assert unread[0] == 0
+    finally:
+        launcher.dismiss()
 
 
 def pause_then_cancel_a_counter(process: children.ExecutorProcess, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Iterator
 
 import pytest
@@ -86,6 +87,34 @@ def test_a_stale_resume_cannot_end_a_pause_the_executor_asks_for_later(
     send(write_fd, "resume", "task#1")
     attempt.resume.clear()  # the seed's clear of request_pause: applies both commands first
     assert not attempt.resume.is_set()
+
+
+def test_a_second_threads_first_use_waits_until_the_commands_already_sent_are_applied(
+    control: tuple[ControlReader, int]
+) -> None:
+    reader, write_fd = control
+    attempt = reader.steer("task#1")
+    send(write_fd, "pause", "task#1")
+    feeding, go = threading.Event(), threading.Event()
+    feed = reader._feed
+
+    def slow_feed(chunk: bytes) -> None:
+        feeding.set()
+        go.wait()
+        feed(chunk)
+
+    reader._feed = slow_feed  # type: ignore[method-assign]
+    first = threading.Thread(target=attempt.cancel.is_set)
+    first.start()
+    feeding.wait()
+    seen: list[bool] = []
+    second = threading.Thread(target=lambda: seen.append(attempt.resume.is_set()))
+    second.start()
+    second.join(0.5)  # time for a wrong answer to show; the right one comes only after `go`
+    go.set()
+    first.join()
+    second.join()
+    assert seen == [False]  # paused: the command sent before either use
 
 
 def test_garbage_on_the_control_pipe_stops_nothing(control: tuple[ControlReader, int]) -> None:
