@@ -10,6 +10,7 @@ import ctypes
 import faulthandler
 import json
 import logging
+import mmap
 import os
 import pickle
 import select
@@ -88,70 +89,104 @@ def _launch_each_attempt(
 ) -> NoReturn:
     """Run every attempt in a fresh fork of this process, which itself never runs executor code.
 
-    The next attempt's process is forked before its task arrives, so a task starts with one
-    hand-over instead of a process start. The launcher reports on a pipe of its own, which no
-    attempt holds: "forked" with the pid of the fork waiting for a task, and, once that fork has
-    run its attempt and exited, "exited" with its exit status and the next fork's pid. An attempt
-    killed half-way through a message can garble only the status channel, never these reports.
-    A launcher that dies takes its attempt with it (PR_SET_PDEATHSIG), so an attempt never
-    outlives the process the supervisor knows it by.
+    The next attempt's process is forked before its task arrives and reads it from the assignment
+    pipe itself, so a task starts with one message, straight from the supervisor to the process
+    that runs it (each process woken on this 2-core VM costs more than the message). The launcher
+    only waits for its fork to exit, then forks the next. It reports on a pipe of its own, which
+    no attempt holds: "forked" with the pid of the fork waiting for a task, and, once that fork
+    has run its attempt and exited, "exited" with its exit status and the next fork's pid. The
+    supervisor sends the next task only after that report, so a fork is the pipe's only reader.
+    An attempt killed half-way through a message can garble only the status channel, never these
+    reports. A launcher that dies takes its attempt with it (PR_SET_PDEATHSIG), so an attempt
+    never outlives the process the supervisor knows it by.
     """
     launcher = os.getpid()
     prctl = _prctl()
+    # Shared with every fork: set once it has read its whole assignment. A fork that died before
+    # that may have left the pipe in the middle of a message, which the next fork must never read.
+    taken = mmap.mmap(-1, 1)
 
-    def fork_next() -> tuple[int, int]:
-        handoff_r, handoff_w = os.pipe()
+    def fork_next() -> int:
+        taken[0] = 0
         pid = os.fork()
         if pid == 0:
-            os.close(handoff_w)
-            assignments.close()  # the launcher's: the attempt reads only its hand-over pipe
             reports.close()
             _die_with_parent(launcher, prctl)
-            _run_handed_attempt(handoff_r, control, status, output)
-        os.close(handoff_r)
-        return pid, handoff_w
+            _run_assigned_attempt(assignments, control, status, output, taken)
+        return pid
 
-    pid, handoff_w = fork_next()
+    pid = fork_next()
     reports.put({"type": "forked", "pid": pid})
     while True:
-        try:
-            data = assignments.recv_bytes()
-        except (EOFError, OSError):
-            # Dismissed, or the supervisor is gone: the waiting fork reads end-of-file and exits.
-            os.close(handoff_w)
-            os.waitpid(pid, 0)
-            _shut_down(status, 0)
-        try:
-            _write_all(handoff_w, data)
-        except OSError:
-            pass  # the fork died before taking its task: its exit status below says how
-        finally:
-            os.close(handoff_w)
         _, wait_status = os.waitpid(pid, 0)
         exitcode = os.waitstatus_to_exitcode(wait_status)
+        if not taken[0]:
+            # Dismissed, or the supervisor is gone: the fork read end-of-file. Otherwise it died
+            # waiting, perhaps while a task was on its way: end here, and the supervisor counts
+            # the attempt crashed (its write, if any, fails once no reader is left).
+            _shut_down(status, 0 if _hung_up(assignments.fileno()) else 1)
         # Commands the attempt never read (it did not look at its Events) would fill the pipe all
         # the launcher's forks share; none can be for the next attempt, not assigned before the
         # report below.
         _discard_readable(control.fileno())
-        pid, handoff_w = fork_next()
+        pid = fork_next()
         try:
             reports.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
         except OSError:
             _shut_down(status, 1)  # the supervisor is gone
 
 
-def _run_handed_attempt(handoff: int, control: Connection, status: StatusQueue, output: AttemptOutput) -> NoReturn:
-    """The forked attempt: wait for its task on the hand-over pipe, run it, exit."""
+def _run_assigned_attempt(
+    assignments: Connection, control: Connection, status: StatusQueue, output: AttemptOutput, taken: mmap.mmap
+) -> NoReturn:
+    """The forked attempt: wait for its task on the assignment pipe, run it, exit."""
     steering = ControlReader(control.fileno())
-    chunks = []
-    while chunk := os.read(handoff, READ_CHUNK):
-        chunks.append(chunk)
-    os.close(handoff)
-    if not chunks:
-        os._exit(0)  # the launcher was dismissed before a task came
-    task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(b"".join(chunks))
+    data = _read_message(assignments.fileno())
+    if data is None:
+        os._exit(0)  # dismissed, or the supervisor is gone, before a task came
+    taken[0] = 1
+    assignments.close()
+    task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(data)
     exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
     _shut_down(status, exit_code)
+
+
+def _read_message(fd: int) -> bytes | None:
+    """One message as `Connection.send_bytes` frames it (a 4-byte big-endian length, or -1 and an
+    8-byte one), read with plain os.read: in a fresh fork, Connection's Python code would cost a
+    page fault per object it touches. None at end-of-file."""
+    header = _read_exactly(fd, 4)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big", signed=True)
+    if size == -1:
+        header = _read_exactly(fd, 8)
+        if header is None:
+            return None
+        size = int.from_bytes(header, "big")
+    return _read_exactly(fd, size)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks = []
+    while size:
+        try:
+            chunk = os.read(fd, min(size, 1 << 20))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _hung_up(fd: int) -> bool:
+    """True if the pipe `fd` reads from holds nothing and its writer has closed it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    events = poller.poll(0)
+    return bool(events) and not events[0][1] & select.POLLIN
 
 
 def _prctl() -> Any:
@@ -180,12 +215,6 @@ def _discard_readable(fd: int) -> None:
             pass
     except OSError:
         pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 class AttemptChannel:

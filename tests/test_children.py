@@ -592,9 +592,7 @@ def test_commands_an_attempt_never_read_do_not_fill_its_launchers_control_pipe(
             launcher.pause()
             assert result_of(read_until(launcher))["error"] is None
             wait_for(launcher.settled)
-            unread = array.array("i", [0])
-            fcntl.ioctl(launcher.control.fileno(), termios.FIONREAD, unread)
-            assert unread[0] == 0
+            assert pipe_bytes(launcher.control) == 0
     finally:
         launcher.dismiss()
 
@@ -699,6 +697,39 @@ def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_
         assert gone(attempt) and launcher.is_alive()
     finally:
         launcher.dismiss()
+
+
+def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_path: Path, forkserver: Any) -> None:
+    """The waiting fork reads its task from the assignment pipe itself. If it dies before it has
+    read all of it, no later fork may read the rest as a task of its own: the launcher ends, and
+    the supervisor's write fails rather than hangs."""
+    launcher = children.start_process(forkserver, fork_each=True)
+    waiting = launcher.attempt_pid
+    assert waiting is not None
+    os.kill(waiting, signal.SIGSTOP)
+    upstream = {"big": "x" * 1_000_000}  # far more than the pipe holds: the write waits for a reader
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            launcher.assign(make_task("ECHO"), "tests.sample_executors:Echo", upstream, tmp_path / "a.log", last=False)
+        except OSError as exc:
+            failed.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    wait_for(lambda: pipe_bytes(launcher.assignments) > 0)  # part of the task is in the pipe
+    os.kill(waiting, signal.SIGKILL)
+    assert launcher.reap(10) == 1
+    sender.join(10)
+    assert not sender.is_alive() and len(failed) == 1
+    launcher.close()
+
+
+def pipe_bytes(connection: Any) -> int:
+    unread = array.array("i", [0])
+    fcntl.ioctl(connection.fileno(), termios.FIONREAD, unread)
+    return unread[0]
 
 
 def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> None:

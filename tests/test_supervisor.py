@@ -483,6 +483,16 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     assert spare in idle and len(idle) == 2
 
 
+def test_a_waiting_fork_that_dies_costs_no_task_an_attempt(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_workers=1)
+    spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
+    os.kill(spare.attempt_pid, signal.SIGKILL)  # e.g. the OOM killer, before any task came
+    wait_for(lambda: not sup.call(spare.is_alive))  # its launcher ends: it cannot vouch for its pipe
+    task = wait_ended(sup, submit(sup, "STATE"))
+    assert task.status is TaskStatus.COMPLETED and task.retry_count == 0
+    assert spare not in sup.call(lambda: list(sup.idle))
+
+
 def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(warm_spare=False)
     assert sup.call(lambda: list(sup.idle)) == []
