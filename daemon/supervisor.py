@@ -305,18 +305,21 @@ class Supervisor:
                 future.set_exception(value)
 
     def _claim(self, now: float) -> None:
-        while len(self.running) < self.settings.max_workers:
-            task = tasks.claim_next(self.conn, now)
-            if task is None:
+        while (free := self.settings.max_workers - len(self.running)) > 0:
+            batch = tasks.claim_ready(self.conn, now, free)
+            for task in batch:
+                try:
+                    with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
+                        self._dispatch(task, now)
+                except Exception:
+                    log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
+                    self.running.pop(task.id, None)
+                    error = "the supervisor could not dispatch the task"
+                    self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
+            # Fewer ready tasks than free slots: nothing else is ready, unless a task that ended
+            # at once (skipped, no executor, failed dispatch) made its dependents ready.
+            if len(batch) < free and self.settings.max_workers - len(self.running) == free - len(batch):
                 return
-            try:
-                with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
-                    self._dispatch(task, now)
-            except Exception:
-                log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
-                self.running.pop(task.id, None)
-                error = "the supervisor could not dispatch the task"
-                self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
 
     def _next_timeout(self, now: float) -> float:
         s = self.settings

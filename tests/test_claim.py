@@ -64,6 +64,18 @@ def test_higher_priority_first_then_strict_submission_order(conn: sqlite3.Connec
     assert claim_all(conn, T0) == expected
 
 
+def test_several_tasks_are_claimed_at_once_in_claim_order(conn: sqlite3.Connection) -> None:
+    ids = submit(conn, *({"type": "T", "priority": p} for p in (0, 5, 1, 5, 0)))
+    assert tasks.claim_ready(conn, T0, 0) == []
+    first = tasks.claim_ready(conn, T0, 3)
+    assert [t.id for t in first] == [ids[1], ids[3], ids[2]]
+    assert all(t.status is S.CLAIMED and t.claimed_at == T0 for t in first)
+    run = runs.get(conn, first[0].workflow_run_id)
+    assert (run.counts.claimed, run.counts.pending) == (3, 2)
+    assert [t.id for t in tasks.claim_ready(conn, T0, 10)] == [ids[0], ids[4]]  # only what is left
+    assert tasks.claim_ready(conn, T0, 10) == []
+
+
 def test_claim_returns_none_when_nothing_is_ready(conn: sqlite3.Connection) -> None:
     assert tasks.claim_next(conn, T0) is None  # empty database
     first, second = submit(conn, {"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a"]})

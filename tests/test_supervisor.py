@@ -416,6 +416,25 @@ def test_the_last_progress_value_lands(make_supervisor: Callable[..., Supervisor
     assert task.status is TaskStatus.FAILED and task.progress == 10
 
 
+def test_the_dependents_of_a_skipped_task_are_claimed_in_the_same_tick(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    # Slots are claimed several at a time; a task that ends at once must not leave its freshly
+    # ready dependents for the next poll (an hour away here).
+    sup = make_supervisor(max_workers=2, poll_interval=3600, idle_poll_interval=3600)
+    output = tmp_path / "out"
+    output.write_text("already made")
+    payload = {"output": str(output)}
+    chain = sup.submit([
+        parse_spec({"type": "SKIP_IF_EXISTS", "key": "a", "payload": payload}),
+        parse_spec({"type": "SKIP_IF_EXISTS", "key": "b", "depends_on": ["a"], "payload": payload}),
+        parse_spec({"type": "SKIP_IF_EXISTS", "depends_on": ["b"], "payload": payload}),
+    ]).tasks
+    ended = [wait_ended(sup, t.id) for t in chain]
+    assert all(t.status is TaskStatus.COMPLETED and t.result == {"skipped": True} for t in ended)
+    assert len({t.completed_at for t in ended}) == 1  # one tick's `now`
+
+
 def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     sup = make_supervisor()
     output = tmp_path / "out"

@@ -276,6 +276,19 @@ def transition(
 
 def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
     """Claim the ready task that comes first (priority, then submission order), or None."""
+    claimed = claim_ready(conn, now, 1)
+    return claimed[0] if claimed else None
+
+
+def claim_ready(conn: sqlite3.Connection, now: float, limit: int) -> list[Task]:
+    """Claim up to `limit` ready tasks, in the order they come (priority, then submission order).
+
+    One read and one guarded UPDATE for all of them: with every slot free at once (a tick that
+    saw several attempts end), claiming one by one repeated both, and found out only by an extra
+    empty read that nothing else was ready.
+    """
+    if limit <= 0:
+        return []
     with write(conn):
         # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
         conn.execute(
@@ -285,16 +298,18 @@ def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
             " WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
             (now,),
         )
-        row = conn.execute(
+        rows = conn.execute(
             """
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
             WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0
-            ORDER BY priority DESC, seq LIMIT 1
-            """
-        ).fetchone()
-        if row is None:
-            return None
-        return _transition(conn, [row], TaskStatus.CLAIMED, now=now)[0]
+            ORDER BY priority DESC, seq LIMIT ?
+            """,
+            (limit,),
+        ).fetchall()
+        if not rows:
+            return []
+        by_id = {task.id: task for task in _transition(conn, rows, TaskStatus.CLAIMED, now=now)}
+    return [by_id[row["id"]] for row in rows]  # RETURNING gives no order: keep the claim's
 
 
 def next_ready_at(conn: sqlite3.Connection) -> float | None:
