@@ -19,6 +19,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import pickle
 import select
 import signal
 import time
@@ -55,6 +56,7 @@ FORKSERVER_PRELOAD = [
 ]
 log = structlog.get_logger("fredica.supervisor")
 CREATE_TIME_TOLERANCE = 0.01  # psutil derives create_time from clock ticks (1/100 s)
+SEND_STALL = 2.0  # seconds an executor process may read nothing of a task being sent to it
 
 ExecutorContext = ForkServerContext | SpawnContext
 
@@ -147,8 +149,9 @@ class ExecutorProcess:
         self.attempt_process = self.next_attempt_process()
         self.awaiting_report = self.fork_each
         self.attempts += 1
+        message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token)
         try:
-            self.assignments.send((task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token))
+            send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:
             if last:
                 self.assignments.close()
@@ -218,6 +221,8 @@ class ExecutorProcess:
                 if message.get("type") == "exited" and message.get("exitcode") not in (0, None):
                     log.warning("executor_exit_after_result", pid=self.pid, task_id=self.task_id,
                                 exit=describe_exit(message.get("exitcode")))
+            if self.awaiting_report and not self.is_alive():
+                self.awaiting_report = False  # died before reporting: nothing more will come
         return not self.awaiting_report
 
     def fds(self) -> list[Any]:
@@ -374,6 +379,7 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         for connection in theirs:
             connection.close()
     os.set_blocking(control.fileno(), False)
+    os.set_blocking(assignments.fileno(), False)  # see send_within
     pid = process.pid
     assert pid is not None
     started = ExecutorProcess(
@@ -402,6 +408,32 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
         mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
+
+
+def send_within(fd: int, data: bytes, stall: float) -> None:
+    """Write `data` on the non-blocking `fd`, framed as `Connection.send_bytes` frames it; OSError
+    if the reader takes none of it for `stall` seconds.
+
+    A task bigger than the pipe is written only as fast as its process reads it, and a process
+    that is stopped (SIGSTOP, a debugger) or stuck before reading must not hang the loop: the
+    caller ends that process instead.
+    """
+    size = len(data)
+    if size > 0x7FFFFFFF:
+        header = (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
+    else:
+        header = size.to_bytes(4, "big")
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    for part in (header, data):
+        view = memoryview(part)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                pass
+            if view and not poller.poll(stall * 1000):
+                raise OSError(f"the executor process read none of its task for {stall:g} s")
 
 
 def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:

@@ -52,11 +52,10 @@ class IdleProcesses:
             for process in reversed([p for p in self._processes if p.fork_each == launcher]):
                 if not process.settled():
                     continue
-                self._remove(process)
                 if process.is_alive():
+                    self._remove(process)
                     return process
-                log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
-                process.close()
+                self._drop_dead(process)
             recent = [p for p in self._processes if p.fork_each == launcher and self._age(p) < SETTLE_WAIT]
             if waited or not recent:
                 break
@@ -69,13 +68,21 @@ class IdleProcesses:
         self._returned_at[process.pid] = time.monotonic()
 
     def keep_a_spare(self) -> None:
-        """Start the next task's process now, while nothing waits for it (run every tick: it
-        makes no system call unless a process must be started or a stuck fork ended)."""
+        """Start the next task's process now, while nothing waits for it (run every tick: a poll
+        of an idle process's sentinel, no more, unless one must be started or a stuck fork ended)."""
         self._end_stuck_forks()
         if not self._warm_spare:
             return
-        if any(not p.awaiting_report or self._age(p) < SETTLE_WAIT for p in self._processes):
-            return  # one is ready, or about to be
+        ready = False
+        for process in list(self._processes):
+            if process.awaiting_report:
+                ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
+            elif process.is_alive():
+                ready = True
+            else:
+                self._drop_dead(process)  # newer ones are taken first: it would stay forever
+        if ready:
+            return
         try:
             self._processes.append(children.start_process(self._context, fork_each=self._spare_is_launcher))
         except Exception:
@@ -89,6 +96,11 @@ class IdleProcesses:
                 log.warning("executor_stuck_after_result", pid=process.attempt_process, task_id=process.task_id)
                 process.kill_tree()
                 self._returned_at[process.pid] = time.monotonic()
+
+    def _drop_dead(self, process: children.ExecutorProcess) -> None:
+        self._remove(process)
+        log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
+        process.close()
 
     def _age(self, process: children.ExecutorProcess) -> float:
         return time.monotonic() - self._returned_at.get(process.pid, 0.0)

@@ -317,7 +317,9 @@ class Supervisor:
                     error = "the supervisor could not dispatch the task"
                     self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
             # Fewer ready tasks than free slots: nothing else is ready, unless a task that ended
-            # at once (skipped, no executor, failed dispatch) made its dependents ready.
+            # at once (skipped, no executor, failed dispatch) made its dependents ready. Those
+            # come after the rest of this batch, whatever their priority: they were not ready
+            # when it was claimed.
             if len(batch) < free and self.settings.max_workers - len(self.running) == free - len(batch):
                 return
 

@@ -6,6 +6,7 @@ The status channel it reports on is `executors.channel`; cancel, pause and resum
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import json
@@ -121,10 +122,14 @@ def _launch_each_attempt(
         _, wait_status = os.waitpid(pid, 0)
         exitcode = os.waitstatus_to_exitcode(wait_status)
         if not taken[0]:
-            # Dismissed, or the supervisor is gone: the fork read end-of-file. Otherwise it died
-            # waiting, perhaps while a task was on its way: end here, and the supervisor counts
-            # the attempt crashed (its write, if any, fails once no reader is left).
-            _shut_down(status, 0 if _hung_up(assignments.fileno()) else 1)
+            if _hung_up(assignments.fileno()):
+                _shut_down(status, 0)  # dismissed, or the supervisor is gone: the fork read end-of-file
+            # It died waiting, perhaps while a task was on its way: say how, and end here. The
+            # supervisor counts an attempt it had sent as crashed; its write, if still going,
+            # fails once no reader is left.
+            with contextlib.suppress(OSError):
+                reports.put({"type": "exited", "exitcode": exitcode, "next_pid": None})
+            _shut_down(status, 1)
         # Commands the attempt never read (it did not look at its Events) would fill the pipe all
         # the launcher's forks share; none can be for the next attempt, not assigned before the
         # report below.

@@ -7,6 +7,7 @@ does, and synchronises on files the sample executors write and on the status cha
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import multiprocessing
 import os
@@ -723,7 +724,42 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
     assert launcher.reap(10) == 1
     sender.join(10)
     assert not sender.is_alive() and len(failed) == 1
+    # Its last report says how the fork ended, for the CRASHED error.
+    report = [m for m in launcher.reports.drain(None) if m.get("type") == "exited"]
+    assert report == [{"type": "exited", "exitcode": -signal.SIGKILL, "next_pid": None}]
     launcher.close()
+
+
+@pytest.mark.parametrize("fork_each", [True, False])
+def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
+    tmp_path: Path, forkserver: Any, fork_each: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(children, "SEND_STALL", 0.2)
+    process = children.start_process(forkserver, fork_each=fork_each)
+    reader = process.attempt_pid if fork_each else process.pid
+    assert reader is not None
+    os.kill(reader, signal.SIGSTOP)  # stopped before it reads: a debugger, a frozen cgroup
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            process.assign(make_task("ECHO"), "tests.sample_executors:Echo", {"big": "x" * 1_000_000},
+                           tmp_path / "a.log", last=False)
+        except OSError as exc:
+            failed.append(exc)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(20)
+    try:
+        assert not sender.is_alive() and len(failed) == 1 and "read none of its task" in str(failed[0])
+    finally:
+        process.kill_tree()
+        process.process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(reader, signal.SIGCONT)  # a stopped process may not have died yet
+        process.reap(5)
+        process.close()
 
 
 def pipe_bytes(connection: Any) -> int:

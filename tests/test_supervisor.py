@@ -20,7 +20,7 @@ from daemon.models import Task, TaskStatus
 from daemon.store import runs, tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
-from tests.conftest import wait_for
+from tests.conftest import make_task, wait_for
 
 EXECUTORS = {
     name: f"tests.sample_executors:{cls}"
@@ -510,6 +510,27 @@ def test_a_waiting_fork_that_dies_costs_no_task_an_attempt(make_supervisor: Call
     task = wait_ended(sup, submit(sup, "STATE"))
     assert task.status is TaskStatus.COMPLETED and task.retry_count == 0
     assert spare not in sup.call(lambda: list(sup.idle))
+
+
+def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tmp_path: Path) -> None:
+    from daemon import pool
+
+    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=True, settle_timeout=60)
+    launcher = idle.take(launcher=True)
+    launcher.assign(make_task("ECHO"), "tests.sample_executors:Echo", {}, tmp_path / "a.log", last=False)
+    os.kill(launcher.pid, signal.SIGSTOP)  # its fork runs and exits; the launcher cannot report
+    wait_for(lambda: any(m["type"] == "result" for m in launcher.drain().messages))
+    idle.put_back(launcher)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.reap(5)
+    idle.keep_a_spare()  # a dead launcher is not a spare: one is started
+    replacement = idle.take(launcher=True)
+    try:
+        assert replacement is not launcher and replacement.is_alive()
+        assert launcher not in list(idle)  # found dead and closed, not kept forever
+    finally:
+        replacement.dismiss()
+        idle.dismiss_all()
 
 
 def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
