@@ -425,7 +425,8 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
         header = size.to_bytes(4, "big")
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
-    for part in (header, data):
+    # One write for a usual task; a big one is not copied just to prepend its header.
+    for part in (header + data,) if size <= 65536 else (header, data):
         view = memoryview(part)
         while view:
             try:
