@@ -341,8 +341,8 @@ class AttemptOutput:
     The streams and the logging handler for the first attempt are made ahead of it: in a launcher,
     before it forks, so every fork inherits them and an attempt pays for an open and two dup2s
     rather than for new file objects and a handler (in a fresh fork, every object first touched
-    costs a copy-on-write page fault). A process that runs several attempts makes them anew for
-    each later one: an earlier attempt may have detached, wrapped, reconfigured or closed them, or
+    costs a copy-on-write page fault). A process that runs several attempts makes them anew for a
+    later one if an earlier attempt detached, replaced, reconfigured or closed them, or
     reconfigured the root logger.
     """
 
@@ -375,10 +375,26 @@ class AttemptOutput:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        if self._attempts:
+        if self._attempts and not self._intact():
             self._setup()
         self._attempts += 1
         sys.stdout, sys.stderr = self._stdout, self._stderr
+
+    def _intact(self) -> bool:
+        """Whether the streams and the root logger are as `_setup` left them: an earlier attempt
+        in this process did not replace, detach, close or reconfigure them."""
+        if sys.stdout is not self._stdout or sys.stderr is not self._stderr:
+            return False
+        root = logging.getLogger()
+        if root.level != logging.WARNING or self.handler not in root.handlers:
+            return False
+        try:
+            return all(
+                not stream.closed and stream.line_buffering and (stream.encoding, stream.errors) == _STREAM_CODING
+                for stream in (self._stdout, self._stderr, self._lines)
+            ) and getattr(self.handler, "stream", None) is self._lines
+        except ValueError:  # detached
+            return False
 
     def line(self, level: str, message: str) -> None:
         """One line of the endpoint's own, formatted as the loggers' lines are."""
@@ -411,8 +427,12 @@ class AttemptOutput:
                 pass
 
 
+_STREAM_CODING = ("utf-8", "backslashreplace")
+
+
 def _text_stream(fd: int) -> Any:
-    return open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    encoding, errors = _STREAM_CODING
+    return open(fd, "w", buffering=1, encoding=encoding, errors=errors, closefd=False)
 
 
 def _flush_output() -> None:

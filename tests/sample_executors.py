@@ -367,4 +367,8 @@ class Streams(TaskExecutor):
             sys.stdout = io.StringIO()
         elif how == "root_logging":
             logging.basicConfig(force=True, level=logging.DEBUG, stream=io.StringIO())
-        return ExecuteResult(result={})
+        elif how == "root_level":
+            logging.getLogger().setLevel(logging.ERROR)
+        elif how == "reconfigure":
+            sys.stdout.reconfigure(line_buffering=False)
+        return ExecuteResult(result={"line_buffering": sys.stdout.line_buffering})

@@ -561,7 +561,7 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
         process.close()
 
 
-@pytest.mark.parametrize("how", ["detach", "wrap_buffer", "unflushed", "root_logging"])
+@pytest.mark.parametrize("how", ["detach", "wrap_buffer", "unflushed", "root_logging", "root_level", "reconfigure"])
 def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path, forkserver: Any, how: str) -> None:
     process = children.start_process(forkserver)
     try:
@@ -569,7 +569,7 @@ def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path
         process.assign(first, "tests.sample_executors:Streams", {}, tmp_path / "first.log", last=False)
         assert result_of(read_until(process))["error"] is None
         process.assign(second, "tests.sample_executors:Streams", {}, tmp_path / "second.log", last=True)
-        assert result_of(collect(process))["error"] is None
+        assert result_of(collect(process))["result"] == {"line_buffering": True}
         first_log, second_log = (tmp_path / "first.log").read_text(), (tmp_path / "second.log").read_text()
         assert "print of first" in first_log and "library warning of first" in first_log
         if how == "unflushed":
