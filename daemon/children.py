@@ -39,16 +39,14 @@ if TYPE_CHECKING:
     from daemon.models import Task
 
 START_METHODS = ("forkserver", "spawn")
-# multiprocessing re-runs the parent's main script (as __mp_main__) in every child. Under the
-# `fredica` console script that script imports daemon.cli (click, the config: ~40 ms); preloading
-# it in the server makes that import a dictionary lookup in each child.
-# The four multiprocessing/stdlib modules are what every child imported on its own otherwise
-# (found by perf on the peers benchmark): preloaded, W1 went from 172 to 203 tasks/s.
+# Every child would import these on its own otherwise (found by perf on the peers benchmark):
+# preloaded, W1 went from 172 to 203 tasks/s. The CLI is not among them: a launcher's heap is
+# copied page by page into each attempt's fork, and `fredica daemon` keeps multiprocessing from
+# importing the CLI into its children (daemon.service._children_skip_the_cli).
 FORKSERVER_PRELOAD = [
     "executors.endpoint",
     "executors.base",
     "daemon.models",
-    "daemon.cli",
     "pkgutil",
     "multiprocessing.popen_forkserver",
     "multiprocessing.popen_fork",

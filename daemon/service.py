@@ -7,6 +7,7 @@ connect meanwhile queue up and wait, but it answers nothing until recovery has f
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import signal
 import sys
@@ -84,12 +85,34 @@ def main(config_path: str | None = None) -> int:
         lock.release()
 
 
+def _children_skip_the_cli() -> None:
+    """Keep multiprocessing from running the `fredica` console script again in every executor
+    process it starts.
+
+    multiprocessing runs the parent's main script again, as __mp_main__, in each child it starts
+    with "forkserver" or "spawn", unless that script is a package's __main__ module. Started as
+    the console script, that would import the whole CLI (click, the config, the renderer) into
+    every launcher, and each attempt's fork of it pays for those pages: ~0.3 ms of CPU per fork
+    here (benchmarks/fork_floor.py, "launcher" against "executor"). The console script is
+    `python -m daemon` in all but name (daemon/__main__.py runs the same `main`), so it is given
+    that module's spec. A script of one's own that calls this module keeps its behaviour.
+    """
+    from daemon import cli
+
+    main_module = sys.modules.get("__main__")
+    if main_module is None or getattr(main_module, "__spec__", None) is not None:
+        return  # `python -m daemon` (skipped already), or started some other way
+    if getattr(main_module, "main", None) is cli.main:  # the console script: `from daemon.cli import main`
+        main_module.__spec__ = importlib.util.find_spec("daemon.__main__")
+
+
 def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
     from daemon import control, recovery
     from daemon.notify import Notifier
     from daemon.supervisor import Supervisor
 
+    _children_skip_the_cli()
     server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args))
     server.bind()
     try:

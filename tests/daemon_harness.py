@@ -23,6 +23,7 @@ SAMPLE_EXECUTORS = {
     "RAISE": "tests.sample_executors:Raising",
     "PRINT": "tests.sample_executors:Printer",
     "SELF_PAUSE": "tests.sample_executors:SelfPause",
+    "IMPORTED": "tests.sample_executors:Imported",
 }
 
 
@@ -63,9 +64,10 @@ class Daemon:
         env.pop("FREDICA_CONFIG", None)
         return env
 
-    def start(self, wait: bool = True) -> "Daemon":
+    def start(self, wait: bool = True, command: list[str] | None = None) -> "Daemon":
+        """Start `fredica daemon` (by default as `python -m daemon`; `command`: another way in)."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "daemon", "--config", str(self.config)],
+            [*(command or [sys.executable, "-m", "daemon"]), "daemon", "--config", str(self.config)],
             cwd=self.root,
             env=self.env(),
             stdout=open(self.output, "a"),

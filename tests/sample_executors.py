@@ -372,3 +372,12 @@ class Streams(TaskExecutor):
         elif how == "reconfigure":
             sys.stdout.reconfigure(line_buffering=False)
         return ExecuteResult(result={"line_buffering": sys.stdout.line_buffering})
+
+
+class Imported(TaskExecutor):
+    """Says which of `payload["modules"]` the process running it has imported."""
+
+    task_type = "IMPORTED"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(result={"imported": [m for m in task.payload["modules"] if m in sys.modules]})

@@ -145,6 +145,19 @@ def test_a_second_daemon_on_the_same_database_refuses(daemons) -> None:
     assert first.data("status")["pid"] == first.process.pid
 
 
+@pytest.mark.parametrize("way_in", ["console script", "python -m daemon"])
+def test_executor_processes_do_not_carry_the_cli(daemons, way_in: str) -> None:
+    # multiprocessing runs the parent's main script again in each child; as the `fredica` console
+    # script that would import the CLI into every launcher, whose pages each fork then copies.
+    script = shutil.which("fredica")
+    assert script is not None, "the fredica console script is installed by the README's test command"
+    command = [script] if way_in == "console script" else None
+    d = daemons(max_workers=1).start(command=command)
+    modules = ["daemon.cli", "click", "daemon.render", "daemon.supervisor", "sqlite3", "structlog"]
+    task = d.wait_task(d.submit("IMPORTED", payload={"modules": modules}), "completed")
+    assert task["result"] == {"imported": []}
+
+
 def test_socket_and_directory_modes(daemons) -> None:
     d = daemons().start()
     assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
