@@ -223,6 +223,18 @@ class ExecutorProcess:
                 self.awaiting_report = False  # died before reporting: nothing more will come
         return not self.awaiting_report
 
+    @property
+    def ending(self) -> bool:
+        """A launcher that announced no next fork (its waiting fork died): it is exiting."""
+        return self.fork_each and self.attempt_pid is None
+
+    def usable(self) -> bool:
+        """Alive and able to take an attempt once settled: not a launcher that is ending. Reads a
+        report an idle launcher sent about its waiting fork's death."""
+        if self.reports is not None and not self.awaiting_report and not self._closed:
+            self._exit_report()
+        return not self.ending and self.is_alive()
+
     def fds(self) -> list[Any]:
         """What to wait on for news of this process: its sentinel and open channels."""
         handles: list[Any] = [self.sentinel]

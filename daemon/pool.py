@@ -52,7 +52,7 @@ class IdleProcesses:
             for process in reversed([p for p in self._processes if p.fork_each == launcher]):
                 if not process.settled():
                     continue
-                if process.is_alive():
+                if process.usable():
                     self._remove(process)
                     return process
                 self._drop_dead(process)
@@ -75,12 +75,12 @@ class IdleProcesses:
             return
         ready = False
         for process in list(self._processes):
-            if process.awaiting_report:
-                ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
-            elif process.is_alive():
-                ready = True
-            else:
+            if not process.usable():
                 self._drop_dead(process)  # newer ones are taken first: it would stay forever
+            elif process.awaiting_report:
+                ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
+            else:
+                ready = True
         if ready:
             return
         try:
@@ -98,9 +98,13 @@ class IdleProcesses:
                 self._returned_at[process.pid] = time.monotonic()
 
     def _drop_dead(self, process: children.ExecutorProcess) -> None:
+        """Forget a process that died or is ending, reaping it if it has ended."""
         self._remove(process)
         log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
-        process.close()
+        if process.is_alive():
+            process.dismiss()  # an ending launcher: exits at once
+        else:
+            process.close()
 
     def _age(self, process: children.ExecutorProcess) -> float:
         return time.monotonic() - self._returned_at.get(process.pid, 0.0)

@@ -72,7 +72,7 @@ class RunningTask:
         else:
             # A SIGTERMed process may be on its way out.
             over = self.result is not None and not self.child.last and self.terminated_at is None
-        return over and self.channel_open and self.child.is_alive()
+        return over and self.channel_open and not self.child.ending and self.child.is_alive()
 
     def finishing(self) -> bool:
         """The attempt has reported its result or its process has exited: it is being finished."""

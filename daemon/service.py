@@ -95,14 +95,17 @@ def _children_skip_the_cli() -> None:
     every launcher, and each attempt's fork of it pays for those pages: ~0.3 ms of CPU per fork
     here (benchmarks/fork_floor.py, "launcher" against "executor"). The console script is
     `python -m daemon` in all but name (daemon/__main__.py runs the same `main`), so it is given
-    that module's spec. A script of one's own that calls this module keeps its behaviour.
+    that module's spec. A script of one's own keeps its behaviour (its children may need what it
+    defines): only a main module that holds nothing but the installer's template is touched.
     """
     from daemon import cli
 
     main_module = sys.modules.get("__main__")
     if main_module is None or getattr(main_module, "__spec__", None) is not None:
         return  # `python -m daemon` (skipped already), or started some other way
-    if getattr(main_module, "main", None) is cli.main:  # the console script: `from daemon.cli import main`
+    names = {name for name in vars(main_module) if not name.startswith("__")}
+    # pip's console script: `import re, sys; from daemon.cli import main; sys.exit(main())`.
+    if getattr(main_module, "main", None) is cli.main and names <= {"re", "sys", "main"}:
         main_module.__spec__ = importlib.util.find_spec("daemon.__main__")
 
 

@@ -359,7 +359,8 @@ class AttemptOutput:
         # replace sys.stderr), so they interleave in order with what the executor prints.
         self._lines = _text_stream(2)
         handler = logging.StreamHandler(self._lines)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self._formatter = logging.Formatter(LOG_FORMAT)
+        handler.setFormatter(self._formatter)
         # Libraries that log through the root logger land in the task's log too.
         root = logging.getLogger()
         if self.handler is not None:
@@ -386,7 +387,10 @@ class AttemptOutput:
         if sys.stdout is not self._stdout or sys.stderr is not self._stderr:
             return False
         root = logging.getLogger()
-        if root.level != logging.WARNING or self.handler not in root.handlers:
+        if root.level != logging.WARNING or root.disabled or root.filters or self.handler not in root.handlers:
+            return False
+        handler = self.handler
+        if handler.level != logging.NOTSET or handler.filters or handler.formatter is not self._formatter:
             return False
         try:
             return all(

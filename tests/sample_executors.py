@@ -369,6 +369,9 @@ class Streams(TaskExecutor):
             logging.basicConfig(force=True, level=logging.DEBUG, stream=io.StringIO())
         elif how == "root_level":
             logging.getLogger().setLevel(logging.ERROR)
+        elif how == "handler_level":
+            for handler in logging.getLogger().handlers:
+                handler.setLevel(logging.CRITICAL)
         elif how == "reconfigure":
             sys.stdout.reconfigure(line_buffering=False)
         return ExecuteResult(result={"line_buffering": sys.stdout.line_buffering})

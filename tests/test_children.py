@@ -561,7 +561,9 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
         process.close()
 
 
-@pytest.mark.parametrize("how", ["detach", "wrap_buffer", "unflushed", "root_logging", "root_level", "reconfigure"])
+@pytest.mark.parametrize(
+    "how", ["detach", "wrap_buffer", "unflushed", "root_logging", "root_level", "handler_level", "reconfigure"]
+)
 def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path, forkserver: Any, how: str) -> None:
     process = children.start_process(forkserver)
     try:
@@ -707,7 +709,6 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
     launcher = children.start_process(forkserver, fork_each=True)
     waiting = launcher.attempt_pid
     assert waiting is not None
-    os.kill(waiting, signal.SIGSTOP)
     upstream = {"big": "x" * 1_000_000}  # far more than the pipe holds: the write waits for a reader
     failed: list[BaseException] = []
 
@@ -717,17 +718,33 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
         except OSError as exc:
             failed.append(exc)
 
-    sender = threading.Thread(target=send)
-    sender.start()
-    wait_for(lambda: pipe_bytes(launcher.assignments) > 0)  # part of the task is in the pipe
-    os.kill(waiting, signal.SIGKILL)
-    assert launcher.reap(10) == 1
-    sender.join(10)
-    assert not sender.is_alive() and len(failed) == 1
-    # Its last report says how the fork ended, for the CRASHED error.
-    report = [m for m in launcher.reports.drain(None) if m.get("type") == "exited"]
-    assert report == [{"type": "exited", "exitcode": -signal.SIGKILL, "next_pid": None}]
-    launcher.close()
+    sender = threading.Thread(target=send, daemon=True)
+    try:
+        os.kill(waiting, signal.SIGSTOP)
+        sender.start()
+        wait_for(lambda: pipe_bytes(launcher.assignments) > 0)  # part of the task is in the pipe
+        os.kill(waiting, signal.SIGKILL)
+        assert launcher.reap(10) == 1
+        sender.join(10)
+        assert not sender.is_alive() and len(failed) == 1
+        # Its last report says how the fork ended (for the CRASHED error) and that no fork
+        # follows: the launcher is never handed another task, even before it is reaped.
+        reports = wait_for(lambda: [m for m in launcher.drain().messages if m["type"] == "exited"])
+        assert reports == [{"type": "exited", "exitcode": -signal.SIGKILL, "next_pid": None}]
+        assert launcher.ending and not launcher.usable()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(waiting, signal.SIGKILL)
+        launcher.kill_tree()
+        launcher.process.kill()
+        launcher.reap(5)
+        launcher.close()
+
+
+def pipe_bytes(connection: Any) -> int:
+    unread = array.array("i", [0])
+    fcntl.ioctl(connection.fileno(), termios.FIONREAD, unread)
+    return unread[0]
 
 
 @pytest.mark.parametrize("fork_each", [True, False])
@@ -760,12 +777,6 @@ def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
             os.kill(reader, signal.SIGCONT)  # a stopped process may not have died yet
         process.reap(5)
         process.close()
-
-
-def pipe_bytes(connection: Any) -> int:
-    unread = array.array("i", [0])
-    fcntl.ioctl(connection.fileno(), termios.FIONREAD, unread)
-    return unread[0]
 
 
 def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import socket
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 import psutil
@@ -149,13 +152,37 @@ def test_a_second_daemon_on_the_same_database_refuses(daemons) -> None:
 def test_executor_processes_do_not_carry_the_cli(daemons, way_in: str) -> None:
     # multiprocessing runs the parent's main script again in each child; as the `fredica` console
     # script that would import the CLI into every launcher, whose pages each fork then copies.
-    script = shutil.which("fredica")
-    assert script is not None, "the fredica console script is installed by the README's test command"
-    command = [script] if way_in == "console script" else None
+    command = [str(console_script())] if way_in == "console script" else None
     d = daemons(max_workers=1).start(command=command)
     modules = ["daemon.cli", "click", "daemon.render", "daemon.supervisor", "sqlite3", "structlog"]
     task = d.wait_task(d.submit("IMPORTED", payload={"modules": modules}), "completed")
     assert task["result"] == {"imported": []}
+
+
+def console_script() -> Path:
+    """This interpreter's `fredica` script (installed by the README's test command)."""
+    for candidate in (Path(sysconfig.get_path("scripts")) / "fredica", Path(sys.executable).with_name("fredica")):
+        if candidate.exists():
+            return candidate
+    found = shutil.which("fredica")
+    assert found is not None, "the fredica console script is not installed"
+    return Path(found)
+
+
+def test_only_the_console_script_is_kept_from_running_again_in_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon import cli, service
+
+    template = types.ModuleType("__main__")
+    template.__dict__.update(re=re, sys=sys, main=cli.main)
+    monkeypatch.setitem(sys.modules, "__main__", template)
+    service._children_skip_the_cli()
+    assert template.__spec__ is not None and template.__spec__.name == "daemon.__main__"
+
+    own_script = types.ModuleType("__main__")  # defines what its children may need
+    own_script.__dict__.update(sys=sys, main=cli.main, MyExecutor=object)
+    monkeypatch.setitem(sys.modules, "__main__", own_script)
+    service._children_skip_the_cli()
+    assert own_script.__spec__ is None
 
 
 def test_socket_and_directory_modes(daemons) -> None:

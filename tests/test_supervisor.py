@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import signal
 import sqlite3
@@ -517,19 +518,25 @@ def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tm
 
     idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=True, settle_timeout=60)
     launcher = idle.take(launcher=True)
-    launcher.assign(make_task("ECHO"), "tests.sample_executors:Echo", {}, tmp_path / "a.log", last=False)
-    os.kill(launcher.pid, signal.SIGSTOP)  # its fork runs and exits; the launcher cannot report
-    wait_for(lambda: any(m["type"] == "result" for m in launcher.drain().messages))
-    idle.put_back(launcher)
-    os.kill(launcher.pid, signal.SIGKILL)
-    launcher.reap(5)
-    idle.keep_a_spare()  # a dead launcher is not a spare: one is started
-    replacement = idle.take(launcher=True)
+    replacement = None
     try:
-        assert replacement is not launcher and replacement.is_alive()
+        launcher.assign(make_task("ECHO"), "tests.sample_executors:Echo", {}, tmp_path / "a.log", last=False)
+        os.kill(launcher.pid, signal.SIGSTOP)  # its fork runs and exits; the launcher cannot report
+        wait_for(lambda: any(m["type"] == "result" for m in launcher.drain().messages))
+        idle.put_back(launcher)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.reap(5)
+        idle.keep_a_spare()  # a dead launcher is not a spare, however recently put back
         assert launcher not in list(idle)  # found dead and closed, not kept forever
+        replacement = idle.take(launcher=True)
+        assert replacement is not launcher and replacement.is_alive()
     finally:
-        replacement.dismiss()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(launcher.pid, signal.SIGKILL)
+        launcher.reap(5)
+        launcher.close()
+        if replacement is not None:
+            replacement.dismiss()
         idle.dismiss_all()
 
 
