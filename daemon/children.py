@@ -16,11 +16,9 @@ an executor.
 from __future__ import annotations
 
 import dataclasses
-import math
 import multiprocessing
 import os
 import pickle
-import select
 import signal
 import time
 from multiprocessing import connection as mp_connection
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 import psutil
 import structlog
 
+from daemon import pipes
 from executors import channel, endpoint, steering
 
 if TYPE_CHECKING:
@@ -149,7 +148,7 @@ class ExecutorProcess:
         self.attempts += 1
         message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token)
         try:
-            send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
+            pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:
             if last:
                 self.assignments.close()
@@ -279,7 +278,7 @@ class ExecutorProcess:
         """True while the executor process runs."""
         if self._closed:
             return False
-        if self.sentinel_exact and not ready([self.sentinel], 0):
+        if self.sentinel_exact and not pipes.ready([self.sentinel], 0):
             return True
         return self.process.is_alive()
 
@@ -288,7 +287,7 @@ class ExecutorProcess:
         """The exit status once ended: >= 0 an exit code, < 0 the signal that killed it."""
         if self._closed:
             return self._exitcode
-        if self.sentinel_exact and not ready([self.sentinel], 0):
+        if self.sentinel_exact and not pipes.ready([self.sentinel], 0):
             return None
         return self.process.exitcode
 
@@ -389,7 +388,7 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         for connection in theirs:
             connection.close()
     os.set_blocking(control.fileno(), False)
-    os.set_blocking(assignments.fileno(), False)  # see send_within
+    os.set_blocking(assignments.fileno(), False)  # see pipes.send_within
     pid = process.pid
     assert pid is not None
     started = ExecutorProcess(
@@ -418,49 +417,6 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
         mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
-
-
-def send_within(fd: int, data: bytes, stall: float) -> None:
-    """Write `data` on the non-blocking `fd`, framed as `Connection.send_bytes` frames it; OSError
-    if the reader takes none of it for `stall` seconds.
-
-    A task bigger than the pipe is written only as fast as its process reads it, and a process
-    that is stopped (SIGSTOP, a debugger) or stuck before reading must not hang the loop: the
-    caller ends that process instead.
-    """
-    size = len(data)
-    if size > 0x7FFFFFFF:
-        header = (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
-    else:
-        header = size.to_bytes(4, "big")
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    # One write for a usual task; a big one is not copied just to prepend its header.
-    for part in (header + data,) if size <= 65536 else (header, data):
-        view = memoryview(part)
-        while view:
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                pass
-            if view and not poller.poll(stall * 1000):
-                raise OSError(f"the executor process read none of its task for {stall:g} s")
-
-
-def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
-    """Those of `handles` (fds, or objects with `fileno()`) that are ready to read, waiting up to
-    `timeout` seconds (None: until one is) for one to be.
-
-    What `multiprocessing.connection.wait` does for the supervisor's handles, with one poll object
-    of the C library instead of a Python selector and a key object per handle: the loop waits
-    several times per task.
-    """
-    by_fd = {h if isinstance(h, int) else h.fileno(): h for h in handles}
-    poller = select.poll()
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
-    return [by_fd[fd] for fd, _ in poller.poll(milliseconds)]
 
 
 def process_start_time(pid: int) -> float | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from daemon import children
+from daemon import children, pipes
 from daemon.models import Task
 from executors.base import ExecuteResult, TaskExecutor
 
@@ -93,7 +93,7 @@ class RunningTask:
         """True once the executor process has ended and been reaped."""
         if not self.child.is_alive():
             return True
-        if children.ready([self.child.sentinel], 0):
+        if pipes.ready([self.child.sentinel], 0):
             # The sentinel fires a moment before the process can be reaped (spawn children are
             # still in their exit path): wait for it here rather than spin the loop until then.
             self.child.reap(0.1)

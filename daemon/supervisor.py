@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, models, outcomes, pool, running, templates
+from daemon import children, models, outcomes, pipes, pool, running, templates
 from daemon.config import Settings
 from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
@@ -186,7 +186,7 @@ class Supervisor:
         handles: list[Any] = [self._wake_r]
         for rt in self.running.values():
             handles += rt.child.fds()
-        ready = children.ready(handles, max(0.0, timeout))
+        ready = pipes.ready(handles, max(0.0, timeout))
         self._ready = set(ready)
         if self._wake_r in ready:
             try:

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from daemon import children, models
-from executors import channel, endpoint
+from daemon import children, models, pipes
+from executors import channel
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
 
@@ -883,12 +883,12 @@ def test_ready_names_the_handles_with_data_or_end_of_file() -> None:
     closed_r, closed_w = os.pipe()
     handle = Handle(data_r)
     try:
-        assert children.ready([quiet_r, handle, closed_r], 0) == []
+        assert pipes.ready([quiet_r, handle, closed_r], 0) == []
         os.write(data_w, b"x")
         os.close(closed_w)
-        found = children.ready([quiet_r, handle, closed_r], 0)
+        found = pipes.ready([quiet_r, handle, closed_r], 0)
         assert len(found) == 2 and handle in found and closed_r in found
-        assert children.ready([quiet_r], 0.01) == []
+        assert pipes.ready([quiet_r], 0.01) == []
     finally:
         for fd in (quiet_r, quiet_w, data_r, data_w, closed_r):
             os.close(fd)
