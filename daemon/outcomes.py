@@ -25,6 +25,7 @@ class Recorded:
 
     finished: str | None
     hook: Callable[[], None] | None = None
+    retried: bool = False  # put back to pending, not before its backoff delay
 
 
 def record(
@@ -62,7 +63,7 @@ def record(
         )
         bound.info("task_retrying", error_type=outcome.error_type, delay=outcome.retry_delay,
                    retry=task.retry_count + 1, max_retries=task.max_retries)
-        return Recorded(None)
+        return Recorded(None, retried=True)
     if outcome.action is Action.CANCEL:
         ended = tasks.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled")
         finished = "cancelled"

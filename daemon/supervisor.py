@@ -98,6 +98,10 @@ class Supervisor:
         self._next_heartbeat = 0.0
         self.notifier = notifier if notifier is not None else Notifier({})
         self.finished_counts = {"completed": 0, "failed": 0, "cancelled": 0}
+        # Whether a retry may be waiting out its backoff delay. Only this loop schedules retries
+        # (the one writer), so once the database says none is, claims and timeouts skip looking
+        # until one is scheduled again. True at first: recovery may have left some.
+        self._delayed_possible = True
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -306,7 +310,7 @@ class Supervisor:
 
     def _claim(self, now: float) -> None:
         while (free := self.settings.max_workers - len(self.running)) > 0:
-            batch = tasks.claim_ready(self.conn, now, free)
+            batch = tasks.claim_ready(self.conn, now, free, promote_delayed=self._delayed_possible)
             for task in batch:
                 try:
                     with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
@@ -327,10 +331,12 @@ class Supervisor:
         s = self.settings
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
-        if len(self.running) < s.max_workers:  # a retry's delay only matters with a slot to run it
+        if len(self.running) < s.max_workers and self._delayed_possible:  # a delay matters with a free slot
             ready_at = tasks.next_ready_at(self.conn)
             if ready_at is not None:
                 deadlines.append(ready_at)
+            else:
+                self._delayed_possible = False
         for rt in self.running.values():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
         if self._shutdown_deadline is not None:
@@ -532,6 +538,8 @@ class Supervisor:
         """Count what `outcomes.record` did, and queue its hook to run after the commit."""
         if recorded.finished is not None:
             self.finished_counts[recorded.finished] += 1
+        if recorded.retried:
+            self._delayed_possible = True
         if recorded.hook is not None:
             self._outbox.append(recorded.hook)  # the hook sees the failure committed
 

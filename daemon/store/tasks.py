@@ -280,24 +280,26 @@ def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
     return claimed[0] if claimed else None
 
 
-def claim_ready(conn: sqlite3.Connection, now: float, limit: int) -> list[Task]:
+def claim_ready(conn: sqlite3.Connection, now: float, limit: int, *, promote_delayed: bool = True) -> list[Task]:
     """Claim up to `limit` ready tasks, in the order they come (priority, then submission order).
 
     One read and one guarded UPDATE for all of them: with every slot free at once (a tick that
     saw several attempts end), claiming one by one repeated both, and found out only by an extra
-    empty read that nothing else was ready.
+    empty read that nothing else was ready. `promote_delayed=False`: the caller knows no retry
+    is waiting out a delay, and the statement that would make it ready is skipped.
     """
     if limit <= 0:
         return []
     with write(conn):
-        # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
-        conn.execute(
-            # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e. every
-            # pending task, blocked ones included, on every claim.
-            "UPDATE task INDEXED BY task_delayed SET not_before = 0"
-            " WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
-            (now,),
-        )
+        if promote_delayed:
+            # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
+            conn.execute(
+                # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e. every
+                # pending task, blocked ones included, on every claim.
+                "UPDATE task INDEXED BY task_delayed SET not_before = 0"
+                " WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
+                (now,),
+            )
         rows = conn.execute(
             """
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
