@@ -130,3 +130,13 @@ def test_garbage_on_the_control_pipe_stops_nothing(control: tuple[ControlReader,
 def test_an_unknown_command_cannot_be_sent() -> None:
     with pytest.raises(ValueError):
         steering.command("kill", "task#1")
+
+
+def test_a_forks_rehearsal_runs_clean_and_leaves_steering_idle(control: tuple[ControlReader, int]) -> None:
+    from executors import endpoint
+
+    reader, write_fd = control
+    send(write_fd, "cancel", "task#1")
+    endpoint._rehearse(endpoint._rehearsal_assignment(), reader)  # raises if any step breaks
+    assert reader._thread is None  # the command still waits for the real attempt
+    assert reader.steer("task#1").cancel.is_set()
