@@ -104,7 +104,10 @@ def _launch_each_attempt(
     """
     launcher = os.getpid()
     prctl = _prctl()
-    rehearsal = _rehearsal_assignment()
+    try:
+        rehearsal: bytes | None = _rehearsal_assignment()
+    except Exception:
+        rehearsal = None  # no head start, but a working launcher
     # Shared with every fork: set once it has read its whole assignment. A fork that died before
     # that may have left the pipe in the middle of a message, which the next fork must never read.
     taken = mmap.mmap(-1, 1)
@@ -149,11 +152,11 @@ def _run_assigned_attempt(
     status: StatusQueue,
     output: AttemptOutput,
     taken: mmap.mmap,
-    rehearsal: bytes,
+    rehearsal: bytes | None,
 ) -> NoReturn:
     """The forked attempt: wait for its task on the assignment pipe, run it, exit."""
     steering = ControlReader(control.fileno())
-    if not _readable(assignments.fileno()):
+    if rehearsal is not None and not _readable(assignments.fileno()):
         try:
             _rehearse(rehearsal, steering)
         except Exception:
