@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import threading
 from multiprocessing.connection import Connection
 from typing import Any, Mapping
@@ -22,6 +23,14 @@ HEADER_SIZE = 4
 # Far above any sensible result; a length beyond it can only be garbage, so the channel is dropped.
 MAX_MESSAGE = 64 * 1024 * 1024
 READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
+
+
+def poll_now(fd: int) -> int:
+    """The poll(2) events of `fd` at this moment (0: nothing to read, no hang-up), without waiting."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    events = poller.poll(0)
+    return events[0][1] if events else 0
 
 
 class MessageTooLarge(ValueError):

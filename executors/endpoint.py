@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 from daemon import models
 from executors import registry
 from executors.base import ExecuteResult, StatusSink, TaskContext
-from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode
+from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
 from executors.steering import ControlReader, Steering
 
@@ -155,7 +155,7 @@ def _run_assigned_attempt(
 ) -> NoReturn:
     """The forked attempt: wait for its task on the assignment pipe, run it, exit."""
     steering = ControlReader(control.fileno())
-    if rehearsal is not None and not _readable(assignments.fileno()):
+    if rehearsal is not None and not poll_now(assignments.fileno()):  # no task (or end) waiting yet
         try:
             _rehearse(rehearsal, steering)
         except Exception:
@@ -196,12 +196,6 @@ class _NoStatus:
         raise AssertionError("a rehearsal sends nothing")
 
 
-def _readable(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
 def _read_message(fd: int) -> bytes | None:
     """One message as `Connection.send_bytes` frames it (a 4-byte big-endian length, or -1 and an
     8-byte one), read with plain os.read: in a fresh fork, Connection's Python code would cost a
@@ -234,10 +228,8 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 def _hung_up(fd: int) -> bool:
     """True if the pipe `fd` reads from holds nothing and its writer has closed it."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    events = poller.poll(0)
-    return bool(events) and not events[0][1] & select.POLLIN
+    events = poll_now(fd)
+    return bool(events) and not events & select.POLLIN
 
 
 def _prctl() -> Any:
@@ -259,10 +251,8 @@ def _die_with_parent(parent: int, prctl: Any) -> None:
 
 def _discard_readable(fd: int) -> None:
     """Read and drop whatever `fd` holds now, without waiting."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     try:
-        while poller.poll(0) and os.read(fd, READ_CHUNK):
+        while poll_now(fd) and os.read(fd, READ_CHUNK):
             pass
     except OSError:
         pass

@@ -23,11 +23,10 @@ from __future__ import annotations
 import collections
 import json
 import os
-import select
 import threading
 from typing import Any
 
-from executors.channel import HEADER_SIZE, READ_CHUNK, encode
+from executors.channel import HEADER_SIZE, READ_CHUNK, encode, poll_now
 
 COMMANDS = ("cancel", "pause", "resume")
 # Commands for attempts this process has not started yet (the supervisor may pause a task the
@@ -126,10 +125,8 @@ class ControlReader:
 
     def _read_available(self) -> bool:
         """Apply what can be read without waiting; False once the pipe is closed."""
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
         try:
-            while poller.poll(0):
+            while poll_now(self._fd):
                 chunk = os.read(self._fd, READ_CHUNK)
                 if not chunk:
                     return False  # the supervisor is gone

@@ -822,19 +822,11 @@ def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(tmp_pa
 def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
     tmp_path: Path, forkserver: Any
 ) -> None:
-    import fcntl
-    import termios
-
     launcher = children.start_process(forkserver, fork_each=True)
     try:
         launcher.assign(make_task("BIG_RESULT", {"size": 1_000_000}), "tests.sample_executors:BigResult", {},
                         tmp_path / "a.log", last=False)
-        fd = launcher.status.fileno()
-
-        def pipe_full() -> bool:  # the fork is blocked half-way through writing its result
-            return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little") >= 60_000
-
-        wait_for(pipe_full)
+        wait_for(lambda: pipe_bytes(launcher.status) >= 60_000)  # the fork is blocked half-way through its result
         os.kill(launcher.attempt_process[0], signal.SIGKILL)
         messages = read_until(launcher, "exited")
         assert [m["type"] for m in messages] == ["exited"] and messages[0]["exitcode"] == -signal.SIGKILL
