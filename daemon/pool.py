@@ -75,7 +75,9 @@ class IdleProcesses:
             return
         ready = False
         for process in list(self._processes):
-            if not process.usable():
+            # One poll per idle process and tick; `take` also reads an idle launcher's report
+            # of its end, which is followed by its exit within milliseconds.
+            if process.ending or not process.is_alive():
                 self._drop_dead(process)  # newer ones are taken first: it would stay forever
             elif process.awaiting_report:
                 ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
