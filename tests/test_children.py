@@ -61,6 +61,14 @@ def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
         child.close()
 
 
+@pytest.fixture
+def launcher(forkserver: Any) -> Iterator[children.ExecutorProcess]:
+    """A launcher, waiting for its first attempt; dismissed (killed if need be) at the end."""
+    started = children.start_process(forkserver, fork_each=True)
+    yield started
+    started.dismiss()
+
+
 def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
     """Every message until the channel is closed and the process has ended, like the supervisor."""
     messages: list[dict[str, Any]] = []
@@ -583,21 +591,17 @@ def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path
 
 
 def test_commands_an_attempt_never_read_do_not_fill_its_launchers_control_pipe(
-    tmp_path: Path, forkserver: Any
+    tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
-    launcher = children.start_process(forkserver, fork_each=True)
-    try:
-        for n in range(2):
-            # Echo never looks at its Events, so its fork never reads the commands sent to it.
-            launcher.assign(make_task("ECHO", id=f"echo-{n}"), "tests.sample_executors:Echo", {},
-                            tmp_path / f"{n}.log", last=False)
-            launcher.request_cancel()
-            launcher.pause()
-            assert result_of(read_until(launcher))["error"] is None
-            wait_for(launcher.settled)
-            assert pipe_bytes(launcher.control) == 0
-    finally:
-        launcher.dismiss()
+    for n in range(2):
+        # Echo never looks at its Events, so its fork never reads the commands sent to it.
+        launcher.assign(make_task("ECHO", id=f"echo-{n}"), "tests.sample_executors:Echo", {},
+                        tmp_path / f"{n}.log", last=False)
+        launcher.request_cancel()
+        launcher.pause()
+        assert result_of(read_until(launcher))["error"] is None
+        wait_for(launcher.settled)
+        assert pipe_bytes(launcher.control) == 0
 
 
 def pause_then_cancel_a_counter(process: children.ExecutorProcess, tmp_path: Path) -> None:
@@ -664,42 +668,34 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         launcher.close()
 
 
-def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(tmp_path: Path, forkserver: Any) -> None:
-    launcher = children.start_process(forkserver, fork_each=True)
-    try:
-        launcher.assign(make_task("EXIT", {"code": 3}), "tests.sample_executors:ExitAbruptly", {}, tmp_path / "a.log",
-                        last=False)
-        assert [(m["type"], m.get("exitcode")) for m in read_until(launcher, "exited")] == [("exited", 3)]
-        launcher.assign(make_task("SEGFAULT"), "tests.sample_executors:Segfault", {}, tmp_path / "b.log", last=False)
-        assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGSEGV
-        assert "Fatal Python error" in (tmp_path / "b.log").read_text()  # faulthandler, set up once
-        launcher.assign(make_task("ECHO", {"c": 3}), "tests.sample_executors:Echo", {}, tmp_path / "c.log", last=True)
-        messages = collect(launcher)
-        assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"c": 3}
-        assert launcher.exitcode == 0  # told it was the last: it exits after that attempt
-    finally:
-        launcher.close()
+def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+    launcher.assign(make_task("EXIT", {"code": 3}), "tests.sample_executors:ExitAbruptly", {}, tmp_path / "a.log",
+                    last=False)
+    assert [(m["type"], m.get("exitcode")) for m in read_until(launcher, "exited")] == [("exited", 3)]
+    launcher.assign(make_task("SEGFAULT"), "tests.sample_executors:Segfault", {}, tmp_path / "b.log", last=False)
+    assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGSEGV
+    assert "Fatal Python error" in (tmp_path / "b.log").read_text()  # faulthandler, set up once
+    launcher.assign(make_task("ECHO", {"c": 3}), "tests.sample_executors:Echo", {}, tmp_path / "c.log", last=True)
+    messages = collect(launcher)
+    assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"c": 3}
+    assert launcher.exitcode == 0  # told it was the last: it exits after that attempt
 
 
-def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_path: Path, forkserver: Any) -> None:
-    launcher = children.start_process(forkserver, fork_each=True)
-    try:
-        pause_then_cancel_a_counter(launcher, tmp_path)
-        messages = read_until(launcher, "exited")
-        assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
-        # An attempt that ignores SIGTERM: the tree signalled is the attempt's, not the launcher's.
-        ready = tmp_path / "ready"
-        launcher.assign(make_task("HANG", {"ready_file": str(ready), "ignore_sigterm": True}),
-                        "tests.sample_executors:Hang", {}, tmp_path / "b.log", last=False)
-        wait_for(ready.exists)
-        attempt = int(ready.read_text())
-        assert attempt == launcher.attempt_process[0]
-        launcher.terminate_tree()
-        launcher.kill_tree()
-        assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
-        assert gone(attempt) and launcher.is_alive()
-    finally:
-        launcher.dismiss()
+def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+    pause_then_cancel_a_counter(launcher, tmp_path)
+    messages = read_until(launcher, "exited")
+    assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
+    # An attempt that ignores SIGTERM: the tree signalled is the attempt's, not the launcher's.
+    ready = tmp_path / "ready"
+    launcher.assign(make_task("HANG", {"ready_file": str(ready), "ignore_sigterm": True}),
+                    "tests.sample_executors:Hang", {}, tmp_path / "b.log", last=False)
+    wait_for(ready.exists)
+    attempt = int(ready.read_text())
+    assert attempt == launcher.attempt_process[0]
+    launcher.terminate_tree()
+    launcher.kill_tree()
+    assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
+    assert gone(attempt) and launcher.is_alive()
 
 
 def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_path: Path, forkserver: Any) -> None:
@@ -779,8 +775,7 @@ def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
         process.close()
 
 
-def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> None:
-    launcher = children.start_process(forkserver, fork_each=True)
+def test_an_attempt_dies_with_its_launcher(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
     ready = tmp_path / "ready"
     launcher.assign(make_task("HANG", {"ready_file": str(ready)}), "tests.sample_executors:Hang", {},
                     tmp_path / "a.log", last=False)
@@ -789,53 +784,46 @@ def test_an_attempt_dies_with_its_launcher(tmp_path: Path, forkserver: Any) -> N
     os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone: the kernel ends the attempt too
     assert launcher.reap(5) == -signal.SIGKILL
     wait_for(lambda: gone(attempt))
-    launcher.close()
 
 
-def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(tmp_path: Path, forkserver: Any) -> None:
+def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
     """With Events shared across a launcher's forks, a fork killed while waiting on one left a
     waiter that never wakes, and the supervisor's next cancel blocked forever."""
-    launcher = children.start_process(forkserver, fork_each=True)
-    try:
-        for n in range(2):
-            count = tmp_path / f"c{n}"
-            payload = {"n": 100_000, "step": 0.5, "count_file": str(count), "state_file": str(tmp_path / f"s{n}")}
-            launcher.assign(make_task("COUNT", payload, id=f"count-{n}"), "tests.sample_executors:Counter", {},
-                            tmp_path / f"{n}.log", last=False)
-            wait_for(count.exists)  # now sleeping in ctx.wait_cancelled(0.5)
-            if n == 0:
-                os.kill(launcher.attempt_process[0], signal.SIGKILL)
-                assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
-                continue
-            steer = threading.Thread(
-                target=lambda: (launcher.pause(), launcher.resume(), launcher.request_cancel()), daemon=True
-            )
-            steer.start()
-            steer.join(5)
-            assert not steer.is_alive(), "steering the next attempt blocked"
-            messages = read_until(launcher, "exited")
-            assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
-    finally:
-        launcher.dismiss()
+    for n in range(2):
+        count = tmp_path / f"c{n}"
+        payload = {"n": 100_000, "step": 0.5, "count_file": str(count), "state_file": str(tmp_path / f"s{n}")}
+        launcher.assign(make_task("COUNT", payload, id=f"count-{n}"), "tests.sample_executors:Counter", {},
+                        tmp_path / f"{n}.log", last=False)
+        wait_for(count.exists)  # now sleeping in ctx.wait_cancelled(0.5)
+        if n == 0:
+            os.kill(launcher.attempt_process[0], signal.SIGKILL)
+            assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
+            continue
+        steer = threading.Thread(
+            target=lambda: (launcher.pause(), launcher.resume(), launcher.request_cancel()), daemon=True
+        )
+        steer.start()
+        steer.join(5)
+        assert not steer.is_alive(), "steering the next attempt blocked"
+        messages = read_until(launcher, "exited")
+        assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
 
 
 def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
-    tmp_path: Path, forkserver: Any
+    tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
-    launcher = children.start_process(forkserver, fork_each=True)
-    try:
-        launcher.assign(make_task("BIG_RESULT", {"size": 1_000_000}), "tests.sample_executors:BigResult", {},
-                        tmp_path / "a.log", last=False)
-        wait_for(lambda: pipe_bytes(launcher.status) >= 60_000)  # the fork is blocked half-way through its result
-        os.kill(launcher.attempt_process[0], signal.SIGKILL)
-        messages = read_until(launcher, "exited")
-        assert [m["type"] for m in messages] == ["exited"] and messages[0]["exitcode"] == -signal.SIGKILL
-        launcher.assign(make_task("ECHO", {"after": 1}), "tests.sample_executors:Echo", {}, tmp_path / "b.log",
-                        last=False)
-        messages = read_until(launcher, "exited")
-        assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"after": 1}
-    finally:
-        launcher.dismiss()
+    launcher.assign(make_task("BIG_RESULT", {"size": 1_000_000}), "tests.sample_executors:BigResult", {},
+                    tmp_path / "a.log", last=False)
+    wait_for(lambda: pipe_bytes(launcher.status) >= 60_000)  # the fork is blocked half-way through its result
+    os.kill(launcher.attempt_process[0], signal.SIGKILL)
+    messages = read_until(launcher, "exited")
+    assert [m["type"] for m in messages] == ["exited"] and messages[0]["exitcode"] == -signal.SIGKILL
+    launcher.assign(make_task("ECHO", {"after": 1}), "tests.sample_executors:Echo", {}, tmp_path / "b.log",
+                    last=False)
+    messages = read_until(launcher, "exited")
+    assert [m["type"] for m in messages] == ["result", "exited"] and messages[0]["result"]["echo"] == {"after": 1}
 
 
 @pytest.mark.parametrize("fork_each", [True, False])
