@@ -668,7 +668,9 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         launcher.close()
 
 
-def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
     launcher.assign(make_task("EXIT", {"code": 3}), "tests.sample_executors:ExitAbruptly", {}, tmp_path / "a.log",
                     last=False)
     assert [(m["type"], m.get("exitcode")) for m in read_until(launcher, "exited")] == [("exited", 3)]
@@ -681,7 +683,9 @@ def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(tmp_path
     assert launcher.exitcode == 0  # told it was the last: it exits after that attempt
 
 
-def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
     pause_then_cancel_a_counter(launcher, tmp_path)
     messages = read_until(launcher, "exited")
     assert result_of(messages[:-1])["error_type"] == "CANCELLED" and messages[-1]["exitcode"] == 0
