@@ -20,8 +20,8 @@ hit an unrelated process.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import functools
 import os
 import selectors
 import signal
@@ -32,6 +32,7 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence
 import psutil
 
 from daemon import models
+from executors._parent import die_with_parent
 from executors.base import ExecuteResult
 
 if TYPE_CHECKING:
@@ -43,13 +44,6 @@ POLL_INTERVAL = 0.05  # how soon a pause or a cancel is noticed while the comman
 EXIT_DRAIN = 0.5  # after the leader exits: how long to wait for the rest of the group's output
 READ_SIZE = 64 * 1024
 MAX_LINE = 64 * 1024  # a longer "line" (binary output, a huge progress bar) is cut into pieces
-
-PR_SET_PDEATHSIG = 1
-try:  # resolved here, not in the forked child, where loading a library is not safe
-    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-
 
 class PayloadError(ValueError):
     """The task's payload is malformed; the message says what is wrong."""
@@ -187,14 +181,6 @@ class OutputPump:
 # --- the process group ------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    # Runs in the forked child before exec. If the executor process dies abruptly (SIGKILL), the
-    # command must not run on unsupervised; the supervisor also kills the whole tree, this only
-    # covers the gap when nobody does.
-    if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class ProcessGroup:
     """A started command, leader of its own process group."""
 
@@ -286,7 +272,10 @@ def start(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            # Runs in the forked child before exec. If the executor process dies abruptly (SIGKILL),
+            # the command must not run on unsupervised; the supervisor also kills the whole tree,
+            # this only covers the gap when nobody does.
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
     except FileNotFoundError as exc:
         name = argv if isinstance(argv, str) else argv[0]

@@ -7,7 +7,6 @@ The status channel it reports on is `executors.channel`; cancel, pause and resum
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import faulthandler
 import json
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import registry
+from executors._parent import die_with_parent
 from executors.base import ExecuteResult, StatusSink, TaskContext
 from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from daemon.models import Task
 
 MAX_ERROR = 10_000
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 # --- the subprocess -------------------------------------------------------------------------------
@@ -102,7 +101,6 @@ def _launch_each_attempt(
     never outlives the process the supervisor knows it by.
     """
     launcher = os.getpid()
-    prctl = _prctl()
     try:
         rehearsal: bytes | None = _rehearsal_assignment()
     except Exception:
@@ -116,7 +114,7 @@ def _launch_each_attempt(
         pid = os.fork()
         if pid == 0:
             reports.close()
-            _die_with_parent(launcher, prctl)
+            die_with_parent(launcher)
             _run_assigned_attempt(assignments, control, status, output, taken, rehearsal)
         return pid
 
@@ -230,23 +228,6 @@ def _hung_up(fd: int) -> bool:
     """True if the pipe `fd` reads from holds nothing and its writer has closed it."""
     events = poll_now(fd)
     return bool(events) and not events & select.POLLIN
-
-
-def _prctl() -> Any:
-    """libc's prctl, or None where there is none (not Linux)."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _die_with_parent(parent: int, prctl: Any) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux; nothing elsewhere)."""
-    if prctl is None:
-        return
-    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:  # it died before the request took effect
-        os._exit(1)
 
 
 def _discard_readable(fd: int) -> None:

@@ -790,6 +790,21 @@ def test_an_attempt_dies_with_its_launcher(tmp_path: Path, launcher: children.Ex
     wait_for(lambda: gone(attempt))
 
 
+def test_a_command_an_executor_started_dies_with_the_executors_process(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
+    # The command leads a process group of its own, which the fork's death does not reach; only
+    # PR_SET_PDEATHSIG, set between its fork and its exec, ends it.
+    pid_file = tmp_path / "command.pid"
+    argv = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]
+    launcher.assign(make_task("SHELL", {"argv": argv}), "executors.shell:ShellExecutor", {}, tmp_path / "a.log",
+                    last=False)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip())
+    command = int(pid_file.read_text())
+    os.kill(launcher.attempt_process[0], signal.SIGKILL)  # the fork alone, not its tree
+    wait_for(lambda: gone(command))
+
+
 def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
