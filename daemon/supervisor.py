@@ -440,8 +440,7 @@ class Supervisor:
         messages, open_ = rt.child.drain(limit, check_exit=check_exit)
         for message in messages:
             self._handle_message(rt, message, now)
-        garbled = (rt.child.status.close_reason or "").startswith(("garbled", "read error"))
-        if was_open and garbled and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
+        if was_open and rt.child.status.broken and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
             # run with no one listening.

@@ -83,6 +83,7 @@ class StatusReader:
         self._pos = 0
         self.closed = False  # True once no further message can arrive
         self.close_reason: str | None = None
+        self.broken = False  # closed because it failed, not because the writer was done
 
     def fileno(self) -> int:
         """The fd to pass to `multiprocessing.connection.wait` (with the process sentinels)."""
@@ -106,11 +107,13 @@ class StatusReader:
             self._pos = 0
         return messages
 
-    def mark_closed(self, reason: str) -> None:
-        """Stop reading: whatever is still buffered or unread is discarded."""
+    def mark_closed(self, reason: str, *, broken: bool = False) -> None:
+        """Stop reading: whatever is still buffered or unread is discarded. `broken`: the channel
+        failed (garbled data, a read error) rather than ended."""
         if not self.closed:
             self.closed = True
             self.close_reason = reason
+            self.broken = broken
         self._buffer.clear()
         self._pos = 0
 
@@ -132,7 +135,7 @@ class StatusReader:
         except BlockingIOError:
             return False
         except OSError as exc:
-            self.mark_closed(f"read error: {exc}")
+            self.mark_closed(f"read error: {exc}", broken=True)
             return False
         if not chunk:
             partial = len(self._buffer) > self._pos
@@ -150,7 +153,7 @@ class StatusReader:
         start = self._pos + HEADER_SIZE
         length = int.from_bytes(self._buffer[self._pos : start], "big")
         if length > MAX_MESSAGE:
-            self.mark_closed(f"garbled data: a message length of {length} bytes")
+            self.mark_closed(f"garbled data: a message length of {length} bytes", broken=True)
             return None
         if available < HEADER_SIZE + length:
             return None
@@ -159,9 +162,9 @@ class StatusReader:
         try:
             message = json.loads(body)
         except ValueError as exc:  # includes UnicodeDecodeError
-            self.mark_closed(f"garbled data: {exc}")
+            self.mark_closed(f"garbled data: {exc}", broken=True)
             return None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            self.mark_closed("garbled data: a message that is not an object with a type")
+            self.mark_closed("garbled data: a message that is not an object with a type", broken=True)
             return None
         return message

@@ -462,6 +462,7 @@ def test_the_reader_treats_broken_data_as_closed(data: bytes, reason: str) -> No
     reader = reader_with(good + data)
     assert reader.drain() == [{"type": "resume_request"}]
     assert reader.closed and (reader.close_reason or "").startswith(reason)
+    assert reader.broken == (reason == "garbled data")  # an end of file, however early, is no failure
     assert reader.drain() == []
     reader.close()
 
