@@ -175,6 +175,21 @@ def test_retry_refuses_a_pending_task(conn: sqlite3.Connection) -> None:
     assert snapshot(conn) == before
 
 
+def test_a_stale_snapshot_is_refused_and_changes_nothing(conn: sqlite3.Connection) -> None:
+    # `known` saves reading the row first; the UPDATE must then insist on the snapshot's status,
+    # not on any allowed source of the target, or the run's counters would move from the wrong one.
+    task_id, dependent_id = task_in(conn, S.CLAIMED)
+    claimed = tasks.get(conn, task_id)
+    tasks.start(conn, task_id, now=T0 + 10)  # the row moves on; the snapshot does not
+    before = snapshot(conn)
+    with pytest.raises(InvalidTransition):
+        tasks.fail(conn, task_id, error="e", error_type="EXCEPTION", now=T0 + 20, known=claimed)
+    assert snapshot(conn) == before
+    assert tasks.get(conn, task_id).status is S.RUNNING
+    assert tasks.get(conn, dependent_id).status is S.PENDING  # no cascade from a failure refused
+    assert_counters_match_rows(conn, claimed.workflow_run_id)
+
+
 @pytest.mark.parametrize("back_to_pending", ["retry", "requeue"])
 def test_started_at_keeps_the_first_start_across_a_retry(
     conn: sqlite3.Connection, back_to_pending: str
