@@ -503,6 +503,9 @@ class Supervisor:
         while rt.channel_open and not reusable:
             self._drain(rt, now, None, check_exit=True)
         self._flush_progress(now, only=rt)
+        # Recorded first: if that fails, the attempt is still running here, and the next tick
+        # records it again rather than leave its row `running` with nobody watching it.
+        self._record_outcome(rt, now)
         del self.running[rt.task.id]
         if reusable:
             self.idle.put_back(rt.child)
@@ -510,6 +513,9 @@ class Supervisor:
             rt.child.dismiss()
         else:
             rt.child.close()
+
+    def _record_outcome(self, rt: RunningTask, now: float) -> None:
+        """SPEC §6 for an attempt that is over (or, at shutdown, its task put back)."""
         result = rt.result
         succeeded = result is not None and result.ok
         if rt.stop_reason == "shutdown" and not succeeded:
@@ -523,7 +529,8 @@ class Supervisor:
         elif result is None:
             exit_text = children.describe_exit(rt.exit_status())
             error = f"executor process died without a result ({exit_text})"
-            last_lines = children.tail(rt.child.log_path, 20)
+            # The task's own log: the process may have died before it was even given the task.
+            last_lines = children.tail(self.settings.task_log(rt.task.id), 20)
             if last_lines:
                 error += "\n" + last_lines
             error_type = models.CRASHED

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, models
+from daemon import children, models, outcomes
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.models import Task, TaskStatus
@@ -538,6 +538,67 @@ def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tm
         if replacement is not None:
             replacement.dismiss()
         idle.dismiss_all()
+
+
+def test_a_dispatch_that_cannot_record_its_start_crashes_the_attempt_and_keeps_the_process(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = make_supervisor(max_workers=1)
+    spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
+    start = tasks.start
+    calls: list[str] = []
+
+    def failing_once(*args: Any, **kwargs: Any) -> Task:
+        calls.append("start")
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "start", failing_once)
+    task = wait_ended(sup, submit(sup, "ECHO", max_retries=0))
+    assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
+    assert spare in sup.call(lambda: list(sup.idle)) and spare.attempts == 0  # given nothing, kept
+    assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED
+
+
+def test_a_task_that_cannot_be_handed_over_crashes_its_attempt(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = make_supervisor(max_workers=1)
+    assign = children.ExecutorProcess.assign
+    calls: list[str] = []
+
+    def failing_once(self: children.ExecutorProcess, *args: Any, **kwargs: Any) -> children.ExecutorProcess:
+        calls.append("assign")
+        if len(calls) == 1:
+            raise OSError("the executor process read none of its task for 2 s")
+        return assign(self, *args, **kwargs)
+
+    monkeypatch.setattr(children.ExecutorProcess, "assign", failing_once)
+    task = wait_ended(sup, submit(sup, "ECHO", max_retries=1))
+    # The process was ended rather than waited for; the retry ran in another one.
+    assert task.status is TaskStatus.COMPLETED and task.retry_count == 1
+    assert len(calls) == 2
+
+
+def test_an_outcome_that_cannot_be_recorded_is_recorded_at_a_later_tick(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Were the attempt forgotten before its outcome was written, its row would stay `running`
+    # with nobody watching it until the next restart.
+    sup = make_supervisor(max_workers=1, poll_interval=0.05)
+    record = outcomes.record
+    calls: list[str] = []
+
+    def failing_once(*args: Any, **kwargs: Any) -> outcomes.Recorded:
+        calls.append("record")
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(outcomes, "record", failing_once)
+    task = wait_ended(sup, submit(sup, "ECHO"))
+    assert task.status is TaskStatus.COMPLETED and len(calls) == 2
 
 
 def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
