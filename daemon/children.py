@@ -113,7 +113,6 @@ class ExecutorProcess:
     # multiprocessing's selector; a spawned child's sentinel can also be held open by a grandchild.
     sentinel_exact: bool = False
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
-    _next_process: tuple[int, float | None] | None = dataclasses.field(default=None, repr=False)
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -126,24 +125,33 @@ class ExecutorProcess:
         return f"{self.task_id}#{self.attempts}"
 
     def next_attempt_process(self) -> tuple[int, float | None]:
-        """The pid and start time of the process the next attempt will run in, to record first."""
+        """The pid and start time of the process the next attempt will run in, to record first
+        (a launcher's waiting fork is looked up with psutil: call it once per attempt)."""
         if self.fork_each and self.attempt_pid is not None:
-            if self._next_process is None or self._next_process[0] != self.attempt_pid:
-                self._next_process = (self.attempt_pid, process_start_time(self.attempt_pid))
-            return self._next_process
+            return self.attempt_pid, process_start_time(self.attempt_pid)
         return self.pid, self.create_time
 
     def assign(
-        self, task: Task, executor_ref: str, upstream: Mapping[str, Any], log_path: Path, *, last: bool
+        self,
+        task: Task,
+        executor_ref: str,
+        upstream: Mapping[str, Any],
+        log_path: Path,
+        *,
+        last: bool,
+        process: tuple[int, float | None] | None = None,
     ) -> "ExecutorProcess":
-        """Send the process its next attempt; OSError if it has died or was given its last one."""
+        """Send the process its next attempt; OSError if it has died or was given its last one.
+
+        `process`: what `next_attempt_process` told the caller, who recorded it (looked up if None).
+        """
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
         _make_dir(log_path.parent)
         self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
         self.task_id, self.log_path, self.last = task.id, log_path, last
-        self.attempt_process = self.next_attempt_process()
+        self.attempt_process = process if process is not None else self.next_attempt_process()
         self.awaiting_report = self.fork_each
         self.attempts += 1
         message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token)
@@ -204,7 +212,6 @@ class ExecutorProcess:
                 next_pid = report.get("next_pid")
                 valid = isinstance(next_pid, int) and not isinstance(next_pid, bool)
                 self.attempt_pid = next_pid if valid else None
-                self._next_process = None  # a new fork, even if its pid is the last one's
                 self.awaiting_report = False
                 return report
         return None

@@ -36,9 +36,6 @@ class IdleProcesses:
     def __iter__(self) -> Iterator[children.ExecutorProcess]:
         return iter(list(self._processes))
 
-    def __len__(self) -> int:
-        return len(self._processes)
-
     def take(self, *, launcher: bool) -> children.ExecutorProcess:
         """An idle launcher, or an idle process that runs attempts itself; started if none waits.
 

@@ -93,9 +93,10 @@ class RunningTask:
         """True once the executor process has ended and been reaped."""
         if not self.child.is_alive():
             return True
-        if pipes.ready([self.child.sentinel], 0):
-            # The sentinel fires a moment before the process can be reaped (spawn children are
-            # still in their exit path): wait for it here rather than spin the loop until then.
+        if not self.child.sentinel_exact and pipes.ready([self.child.sentinel], 0):
+            # A spawned child's sentinel fires a moment before it can be reaped (it is still in its
+            # exit path): wait for it here rather than spin the loop until then. A fork-server
+            # child's fires only once it has been reaped, which is_alive has just said it has not.
             self.child.reap(0.1)
             return not self.child.is_alive()
         return False

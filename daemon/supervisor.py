@@ -409,7 +409,10 @@ class Supervisor:
         """Send a started attempt to its process (after the commit that recorded it)."""
         child = rt.child
         try:
-            child.assign(attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last)
+            child.assign(
+                attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
+                process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
+            )
         except Exception as exc:
             # Died just now, or the task could not be sent: end the process, so that the loop
             # finds it gone and records the attempt as CRASHED rather than wait for it forever.
