@@ -16,7 +16,6 @@ import os
 import pickle
 import select
 import signal
-import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -77,11 +76,11 @@ def serve(
             task, executor_ref, upstream, log_path, last, attempt = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
-            _shut_down(status, 0)
+            _shut_down(status, output, 0)
         exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
         if last or exit_code:
             assignments.close()
-            _shut_down(status, exit_code)
+            _shut_down(status, output, exit_code)
 
 
 def _launch_each_attempt(
@@ -125,13 +124,13 @@ def _launch_each_attempt(
         exitcode = os.waitstatus_to_exitcode(wait_status)
         if not taken[0]:
             if _hung_up(assignments.fileno()):
-                _shut_down(status, 0)  # dismissed, or the supervisor is gone: the fork read end-of-file
+                _shut_down(status, output, 0)  # dismissed, or the supervisor is gone: the fork read end-of-file
             # It died waiting, perhaps while a task was on its way: say how, and end here. The
             # supervisor counts an attempt it had sent as crashed; its write, if still going,
             # fails once no reader is left.
             with contextlib.suppress(OSError):
                 reports.put({"type": "exited", "exitcode": exitcode, "next_pid": None})
-            _shut_down(status, 1)
+            _shut_down(status, output, 1)
         # Commands the attempt never read (it did not look at its Events) would fill the pipe all
         # the launcher's forks share; none can be for the next attempt, not assigned before the
         # report below.
@@ -140,7 +139,7 @@ def _launch_each_attempt(
         try:
             reports.put({"type": "exited", "exitcode": exitcode, "next_pid": pid})
         except OSError:
-            _shut_down(status, 1)  # the supervisor is gone
+            _shut_down(status, output, 1)  # the supervisor is gone
 
 
 def _run_assigned_attempt(
@@ -165,7 +164,7 @@ def _run_assigned_attempt(
     assignments.close()
     task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(data)
     exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
-    _shut_down(status, exit_code)
+    _shut_down(status, output, exit_code)
 
 
 def _rehearsal_assignment() -> bytes:
@@ -352,16 +351,8 @@ def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOut
         return ExecuteResult(error=f"{type(exc).__name__}: {exc}", error_type=models.EXCEPTION)
 
 
-def _flush_output() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
-def _shut_down(status: StatusQueue, exit_code: int) -> NoReturn:
+def _shut_down(status: StatusQueue, output: AttemptOutput, exit_code: int) -> NoReturn:
     logging.shutdown()
-    _flush_output()
+    output.flush()
     status.close()
     os._exit(exit_code)
