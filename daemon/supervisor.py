@@ -328,6 +328,8 @@ class Supervisor:
                 return
 
     def _next_timeout(self, now: float) -> float:
+        """How long the loop may sleep. Reading the earliest delayed retry here is also what
+        clears `_delayed_possible` when there is none."""
         s = self.settings
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
