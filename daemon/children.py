@@ -74,10 +74,12 @@ def make_context(start_method: str = "forkserver", preload: Sequence[str] = ()) 
 
 
 class Drained(NamedTuple):
-    """What one `ExecutorProcess.drain` read: the messages, and whether more may come."""
+    """What one `ExecutorProcess.drain` read: the attempt's messages, whether more may come, and,
+    for a launcher, the exit status of the attempt's fork once the launcher has reported it."""
 
     messages: list[dict[str, Any]]
     open: bool
+    fork_exitcode: int | None = None  # None: no report (yet, or not a launcher)
 
 
 @dataclasses.dataclass(eq=False)
@@ -186,34 +188,35 @@ class ExecutorProcess:
 
         Once the child has exited and its messages are read, the channel counts as closed even if
         a descendant inherited its end of the pipe: nothing the child wrote can still be missing.
-        A launcher's "exited" report comes last, after everything its fork wrote. `check_exit`
+        A launcher's report of its fork's exit comes on a pipe of its own, which no attempt can
+        write: an "exited" message on the status channel is the attempt's, and no exit. `check_exit`
         False skips asking whether the process has exited (a poll of its sentinel), for a caller
         that knows it had not.
         """
         # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
         exited = check_exit and not self.is_alive()
-        report = self._exit_report() if self.reports is not None else None
-        if report is not None:
+        fork_exitcode = self._exit_report() if self.reports is not None else None
+        if fork_exitcode is not None:
             # The fork has exited, so all it wrote is in the pipe: read it to the end, and drop
             # the start of a message it was killed in the middle of.
-            messages = [m for m in self.status.drain(None) if m.get("type") != "exited"]
+            messages = self.status.drain(None)
             self.status.discard_partial()
-            return Drained([*messages, report], not self.status.closed)
-        messages = [m for m in self.status.drain(limit) if m.get("type") != "exited"]  # launchers' only
+            return Drained(messages, not self.status.closed, fork_exitcode)
+        messages = self.status.drain(limit)
         if exited and not self.status.closed and (limit is None or len(messages) < limit):
             self.status.mark_closed("the executor process exited")
         return Drained(messages, not self.status.closed)
 
-    def _exit_report(self) -> dict[str, Any] | None:
-        """The launcher's "exited" report, if one has come (and the next fork's pid noted)."""
+    def _exit_report(self) -> int | None:
+        """The exit status of the launcher's last fork, if its report has come (-1 if the report
+        does not say one); the next fork's pid is noted."""
         assert self.reports is not None
         for report in self.reports.drain(1):
             if report.get("type") == "exited":
-                next_pid = report.get("next_pid")
-                valid = isinstance(next_pid, int) and not isinstance(next_pid, bool)
-                self.attempt_pid = next_pid if valid else None
+                next_pid, code = report.get("next_pid"), report.get("exitcode")
+                self.attempt_pid = next_pid if _is_int(next_pid) else None
                 self.awaiting_report = False
-                return report
+                return code if _is_int(code) else -1
         return None
 
     def settled(self) -> bool:
@@ -221,10 +224,10 @@ class ExecutorProcess:
         (and so announced the fork that waits for the next). Reads its report if it has come."""
         if self.reports is not None and self.awaiting_report and not self._closed:
             # Only the report can be left: the attempt's result was its last word.
-            for message in self.drain(100).messages:
-                if message.get("type") == "exited" and message.get("exitcode") not in (0, None):
-                    log.warning("executor_exit_after_result", pid=self.pid, task_id=self.task_id,
-                                exit=describe_exit(message.get("exitcode")))
+            fork_exitcode = self.drain(100).fork_exitcode
+            if fork_exitcode not in (0, None):
+                log.warning("executor_exit_after_result", pid=self.pid, task_id=self.task_id,
+                            exit=describe_exit(fork_exitcode))
             if self.awaiting_report and not self.is_alive():
                 self.awaiting_report = False  # died before reporting: nothing more will come
         return not self.awaiting_report
@@ -419,11 +422,15 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not launcher.reports.closed:
         for message in launcher.reports.drain(1):
-            if message.get("type") == "forked" and isinstance(message.get("pid"), int):
+            if message.get("type") == "forked" and _is_int(message.get("pid")):
                 return message["pid"]
         mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def process_start_time(pid: int) -> float | None:

@@ -442,9 +442,11 @@ class Supervisor:
         was_open = rt.channel_open
         if check_exit is None:  # not when the last wait saw the process still running
             check_exit = self._ready is None or rt.child.sentinel in self._ready
-        messages, open_ = rt.child.drain(limit, check_exit=check_exit)
-        for message in messages:
+        drained = rt.child.drain(limit, check_exit=check_exit)
+        for message in drained.messages:
             self._handle_message(rt, message, now)
+        if drained.fork_exitcode is not None:
+            rt.attempt_exitcode = drained.fork_exitcode
         if was_open and rt.child.status.broken and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
@@ -473,9 +475,6 @@ class Supervisor:
             rt.result = ExecuteResult(
                 result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
             )
-        elif kind == "exited" and rt.child.fork_each:
-            code = message.get("exitcode")
-            rt.attempt_exitcode = code if isinstance(code, int) and not isinstance(code, bool) else -1
         else:
             rt.log.warning("unknown_executor_message", kind=str(kind))
 

@@ -96,7 +96,7 @@ class Launcher:
         deadline = time.monotonic() + timeout
         seen = self.seen[id(child)]
         while True:
-            batch, open_ = child.drain()
+            batch, open_, _ = child.drain()
             seen.extend(batch)
             if not open_ and not child.is_alive():
                 break

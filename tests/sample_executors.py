@@ -384,3 +384,16 @@ class Imported(TaskExecutor):
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         return ExecuteResult(result={"imported": [m for m in task.payload["modules"] if m in sys.modules]})
+
+
+class ForgedExit(TaskExecutor):
+    """Writes a launcher's "exited" report on its own status channel, then waits for `go_file`."""
+
+    task_type = "FORGE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        ctx._status.put({"type": "exited", "exitcode": 0, "next_pid": 1})  # type: ignore[attr-defined]
+        go = Path(task.payload["go_file"])
+        while not go.exists():
+            ctx.wait_cancelled(0.01)
+        return ExecuteResult(result={})

@@ -69,13 +69,22 @@ def launcher(forkserver: Any) -> Iterator[children.ExecutorProcess]:
     started.dismiss()
 
 
+def read_drained(child: children.ExecutorProcess, limit: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """What one drain read, and whether more may come. A launcher's report of its fork's exit
+    (which comes on a pipe of its own) is put last, as an "exited" entry with the exit status."""
+    messages, open_, fork_exitcode = child.drain(limit)
+    if fork_exitcode is not None:
+        messages = [*messages, {"type": "exited", "exitcode": fork_exitcode}]
+    return messages, open_
+
+
 def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
     """Every message until the channel is closed and the process has ended, like the supervisor."""
     messages: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while True:
-        batch, open_ = child.drain(limit)
-        assert limit is None or len(batch) <= limit
+        batch, open_ = read_drained(child, limit)
+        assert limit is None or len(batch) <= limit + 1  # + a launcher's exit report
         messages += batch
         if not open_ and not child.is_alive():
             break
@@ -88,7 +97,7 @@ def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: 
 def next_message(child: children.ExecutorProcess, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
     """Read messages (keeping them in `seen`) until one of type `kind` arrives."""
     def arrived() -> dict[str, Any] | None:
-        for message in child.drain(1)[0]:
+        for message in read_drained(child, 1)[0]:
             seen.append(message)
             if message["type"] == kind:
                 return message
@@ -657,7 +666,7 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
             messages = read_until(launcher, "exited")
             assert [m["type"] for m in messages] == ["result", "exited"]
             assert messages[0]["result"] == {"pid": announced, "cancelled": False, "running": True}
-            assert messages[1]["exitcode"] == 0 and messages[1]["next_pid"] == launcher.attempt_pid != announced
+            assert messages[1]["exitcode"] == 0 and launcher.attempt_pid not in (None, announced)  # the next fork
             assert gone(announced)
             pids.append(announced)
         assert len(set(pids)) == 3 and launcher.is_alive()
@@ -667,6 +676,22 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         assert launcher.exitcode == 0 and gone(waiting)
     finally:
         launcher.close()
+
+
+def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
+    """Only the launcher's own pipe says a fork has exited: an "exited" report the attempt writes
+    on its status channel is one more message (the supervisor logs it as unknown), no exit."""
+    go, running_in = tmp_path / "go", launcher.attempt_pid
+    launcher.assign(make_task("FORGE", {"go_file": str(go)}), "tests.sample_executors:ForgedExit", {},
+                    tmp_path / "a.log", last=False)
+    assert read_until(launcher, "exited") == [{"type": "exited", "exitcode": 0, "next_pid": 1}]
+    assert launcher.awaiting_report and launcher.attempt_pid == running_in and not gone(running_in)
+    go.touch()
+    messages = read_until(launcher, "exited")
+    assert [m["type"] for m in messages] == ["result", "exited"] and messages[1] == {"type": "exited", "exitcode": 0}
+    assert not launcher.awaiting_report and launcher.attempt_pid not in (None, 1, running_in)
 
 
 def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(
@@ -730,8 +755,8 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
         assert not sender.is_alive() and len(failed) == 1
         # Its last report says how the fork ended (for the CRASHED error) and that no fork
         # follows: the launcher is never handed another task, even before it is reaped.
-        reports = wait_for(lambda: [m for m in launcher.drain().messages if m["type"] == "exited"])
-        assert reports == [{"type": "exited", "exitcode": -signal.SIGKILL, "next_pid": None}]
+        reports = wait_for(lambda: [m for m in read_drained(launcher)[0] if m["type"] == "exited"])
+        assert reports == [{"type": "exited", "exitcode": -signal.SIGKILL}] and launcher.attempt_pid is None
         assert launcher.ending and not launcher.usable()
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -859,7 +884,7 @@ def test_an_attempts_log_is_whole_before_its_result_is_sent(tmp_path: Path, fork
             def arrived(kind: str) -> bool:
                 # Woken by the channel itself, not by polling: the result is read the moment it lands.
                 mp_connection.wait(process.fds(), 5)
-                seen.extend(process.drain()[0])
+                seen.extend(read_drained(process)[0])
                 return any(m["type"] == kind for m in seen)
 
             wait_for(lambda: arrived("result"), interval=0)
