@@ -8,9 +8,10 @@ from typing import Callable
 
 import structlog
 
-from daemon import models, scheduler
+from daemon import children, models, scheduler
 from daemon.config import Settings
 from daemon.models import Task
+from daemon.running import RunningTask
 from daemon.scheduler import Action
 from daemon.store import tasks
 from executors.base import ExecuteResult, TaskExecutor
@@ -26,6 +27,32 @@ class Recorded:
     finished: str | None
     hook: Callable[[], None] | None = None
     retried: bool = False  # put back to pending, not before its backoff delay
+
+
+def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask, now: float) -> Recorded:
+    """SPEC §6 for an attempt that is over; at shutdown, an unfinished attempt's task is put back."""
+    result = rt.result
+    succeeded = result is not None and result.ok
+    if rt.stop_reason == "shutdown" and not succeeded:
+        tasks.requeue(conn, rt.task.id, now=now, known=rt.task)
+        rt.log.info("task_interrupted", by="shutdown")
+        return Recorded(None)
+    if rt.stop_reason == "timeout" and not succeeded:
+        error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
+    elif rt.stop_reason == "cancel" and not succeeded:
+        error, error_type = "cancelled by user", models.CANCELLED
+    elif result is None:
+        error = f"executor process died without a result ({children.describe_exit(rt.exit_status())})"
+        # The task's own log: the process may have died before it was even given the task.
+        last_lines = children.tail(settings.task_log(rt.task.id), 20)
+        if last_lines:
+            error += "\n" + last_lines
+        error_type = models.CRASHED
+    elif succeeded:
+        error, error_type = None, None
+    else:
+        error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
+    return record(conn, settings, rt.task, rt.executor, error, error_type, now, result)
 
 
 def record(
@@ -65,7 +92,7 @@ def record(
                    retry=task.retry_count + 1, max_retries=task.max_retries)
         return Recorded(None, retried=True)
     if outcome.action is Action.CANCEL:
-        ended = tasks.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled")
+        ended = tasks.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled", known=task)
         finished = "cancelled"
         bound.info("task_cancelled")
     else:

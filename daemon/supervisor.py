@@ -4,36 +4,32 @@ The loop is `tick()`, one SQLite transaction: run the requests handed over by ot
 the children's status channels, finish the attempts that ended, escalate cancels and timeouts,
 flush coalesced progress, stamp heartbeats, then claim while a worker slot is free; after the
 commit, answer the requests and hand the started tasks to their processes. `run()` is the thin
-shell around it that sleeps in `multiprocessing.connection.wait` on every child's channels and
-sentinel plus a wake-up pipe, so a submission, a message or a child's exit wakes it at once; the
-timeout is only a fallback.
+shell around it that sleeps in poll(2) on every child's channels and sentinel plus a wake-up pipe,
+so a submission, a message or a child's exit wakes it at once; the timeout is only a fallback.
 
 Only the loop thread touches the database connection: other threads call the public methods, which
-hand the work to the loop (`call`) and wait for its answer.
+hand the work to the loop (`daemon.handoff`) and wait for its answer.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
-import os
-import queue
 import threading
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, models, outcomes, pipes, pool, running, templates
+from daemon import children, dispatch, handoff, messages, models, outcomes, pipes, pool, templates
 from daemon.config import Settings
-from daemon.errors import FredicaError, InvalidTransition, NotPausable, UnknownTask
+from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.handoff import LoopHandoff
 from daemon.models import Task, TaskStatus
 from daemon.running import RunningTask
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
-from daemon.submission import SubmissionRefused, TaskSpec
-from executors.base import ExecuteResult
+from daemon.submission import TaskSpec
 from executors.registry import Registry
 
 log = structlog.get_logger("fredica.supervisor")
@@ -42,10 +38,6 @@ T = TypeVar("T")
 # Messages read from one child per tick: enough to keep up with any honest executor, small enough
 # that a child flooding its channel cannot starve the others or the loop.
 DRAIN_LIMIT = 2000
-
-
-class ShuttingDown(FredicaError):
-    """The daemon is shutting down and takes no more requests."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,21 +72,14 @@ class Supervisor:
             settle_timeout=settings.cancel_grace,
         )
         self.started_at = clock()
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
-            queue.SimpleQueue()
-        )
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._handoff = LoopHandoff()
         self._thread: threading.Thread | None = None
         self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
         # The handles the last wait found ready; None: look at every child (no wait came first).
         self._ready: set[Any] | None = None
-        self._loop_ident: int | None = None
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
         self._pending_grace = settings.shutdown_grace
-        self._finished = threading.Event()
         self._next_heartbeat = 0.0
         self.notifier = notifier if notifier is not None else Notifier({})
         self.finished_counts = {"completed": 0, "failed": 0, "cancelled": 0}
@@ -106,22 +91,12 @@ class Supervisor:
     # --- the API other threads use --------------------------------------------------------------
 
     def call(self, fn: Callable[[], T], timeout: float | None = 30.0) -> T:
-        """Run `fn` on the loop thread (directly if already there, or if no loop runs)."""
-        if self._finished.is_set():
-            raise ShuttingDown("the daemon is shutting down")
-        if self._loop_ident is None or threading.get_ident() == self._loop_ident:
-            return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._calls.put((fn, future))
-        self.wake()
-        return future.result(timeout)
+        """Run `fn` on the loop thread, in its transaction; its result once that is committed."""
+        return self._handoff.call(fn, timeout)
 
     def wake(self) -> None:
         """Make the loop tick now (safe from any thread and from signal handlers)."""
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full, so a wake-up is already pending
+        self._handoff.wake()
 
     def submit(
         self, specs: Sequence[TaskSpec], *, template: str = "adhoc", material_id: str | None = None
@@ -150,7 +125,7 @@ class Supervisor:
         self._thread = threading.Thread(target=self.run, name="fredica-supervisor", daemon=True)
         self._thread.start()
         # Calls must not run on the caller's thread once the loop exists.
-        while self._loop_ident is None and self._thread.is_alive():
+        while self._handoff.loop_ident is None and self._thread.is_alive():
             time.sleep(0.001)
 
     def request_stop(self, grace: float | None = None) -> None:
@@ -165,11 +140,11 @@ class Supervisor:
         self.request_stop(grace)
         if self._thread is not None:
             self._thread.join(timeout)
-        self._finished.wait(timeout)
+        self._handoff.finished.wait(timeout)
 
     def run(self) -> None:
         """Tick until stopped; the shell around `tick`."""
-        self._loop_ident = threading.get_ident()
+        self._handoff.loop_ident = threading.get_ident()
         try:
             while True:
                 timeout = self.tick()
@@ -179,25 +154,21 @@ class Supervisor:
         finally:
             # Answer whatever arrived during shutdown rather than leave it hanging.
             with db.write(self.conn):
-                answers = self._run_calls()
-            self._answer(answers)
+                answers = self._handoff.run_calls(self.conn)
+            self._handoff.answer(answers)
             self.idle.dismiss_all()
             self.conn.close()
-            self._finished.set()
+            self._handoff.finished.set()
             log.info("supervisor_stopped")
 
     def _wait(self, timeout: float) -> None:
-        handles: list[Any] = [self._wake_r]
+        handles: list[Any] = [self._handoff.wake_fd]
         for rt in self.running.values():
             handles += rt.child.fds()
         ready = pipes.ready(handles, max(0.0, timeout))
         self._ready = set(ready)
-        if self._wake_r in ready:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+        if self._handoff.wake_fd in ready:
+            self._handoff.clear_wake_ups()
 
     # --- one tick -------------------------------------------------------------------------------
 
@@ -209,12 +180,12 @@ class Supervisor:
         commit waits: a request is answered only once what it did is durable, and a task is sent
         to its executor process only once its `running` row, with that process's pid, is.
         """
-        answers: list[tuple[concurrent.futures.Future[Any], bool, Any]] = []
+        answers: list[handoff.Answer] = []
         try:
             with db.write(self.conn):
                 # Requests first, then the clock: a task submitted by a request is stamped before
                 # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
-                answers = self._run_calls()
+                answers = self._handoff.run_calls(self.conn)
                 now = self.clock() if now is None else now
                 if self._stop_requested.is_set() and self._shutdown_deadline is None:
                     self._shutdown_deadline = now + self._pending_grace
@@ -222,10 +193,9 @@ class Supervisor:
                     self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
                 timeout = self._tick(now)
         except BaseException as exc:
-            for future, _, _ in answers:
-                future.set_exception(exc)  # rolled back: nothing they asked for happened
+            self._handoff.refuse(answers, exc)
             raise
-        self._answer(answers)
+        self._handoff.answer(answers)
         self._flush_outbox()
         return timeout
 
@@ -284,30 +254,6 @@ class Supervisor:
         except Exception:
             rt.log.exception("supervisor_error")
 
-    def _run_calls(self) -> list[tuple[concurrent.futures.Future[Any], bool, Any]]:
-        """Run the requests handed over, each undone alone if it fails; their answers, to give
-        once the transaction they ran in is committed."""
-        answers = []
-        while True:
-            try:
-                fn, future = self._calls.get_nowait()
-            except queue.Empty:
-                return answers
-            if future.set_running_or_notify_cancel():
-                try:
-                    with db.savepoint(self.conn):
-                        answers.append((future, True, fn()))
-                except BaseException as exc:  # handed back to the caller, never kills the loop
-                    answers.append((future, False, exc))
-
-    @staticmethod
-    def _answer(answers: list[tuple[concurrent.futures.Future[Any], bool, Any]]) -> None:
-        for future, ok, value in answers:
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
-
     def _claim(self, now: float) -> None:
         while (free := self.settings.max_workers - len(self.running)) > 0:
             batch = tasks.claim_ready(self.conn, now, free, promote_delayed=self._delayed_possible)
@@ -353,32 +299,11 @@ class Supervisor:
     # --- dispatch -------------------------------------------------------------------------------
 
     def _dispatch(self, task: Task, now: float) -> None:
-        bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
-        executor = self.registry.get(task.type)
-        if executor is None:
-            tasks.fail(
-                self.conn, task.id, error=f"no executor is registered for type {task.type}",
-                error_type=models.NO_EXECUTOR, now=now,
-            )
-            bound.warning("task_failed", error_type=models.NO_EXECUTOR)
+        prepared = dispatch.prepare(self.conn, self.registry, task, now)
+        if isinstance(prepared, outcomes.Recorded):
+            self._note(prepared)  # ended at once: it needs no process
             return
-        upstream = tasks.results_of(self.conn, task.depends_on)
-        try:
-            # Payload values that name a dependency's result (templates) are filled in now.
-            task = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
-        except SubmissionRefused as exc:
-            tasks.fail(self.conn, task.id, error=exc.message, error_type=models.PAYLOAD_ERROR, now=now)
-            bound.warning("task_failed", error_type=models.PAYLOAD_ERROR, error=exc.message)
-            return
-        try:
-            skip = bool(executor.can_skip(task))
-        except Exception:
-            bound.exception("can_skip_failed")
-            skip = False
-        if skip:
-            tasks.complete(self.conn, task.id, {"skipped": True}, now=now)
-            bound.info("task_skipped")
-            return
+        task, executor, upstream = prepared.task, prepared.executor, prepared.upstream
         # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
         # > 1) a process that runs attempts itself, until it has run that many.
         fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
@@ -444,7 +369,7 @@ class Supervisor:
             check_exit = self._ready is None or rt.child.sentinel in self._ready
         drained = rt.child.drain(limit, check_exit=check_exit)
         for message in drained.messages:
-            self._handle_message(rt, message, now)
+            messages.apply(self.conn, rt, message, now)
         if drained.fork_exitcode is not None:
             rt.attempt_exitcode = drained.fork_exitcode
         if was_open and rt.child.status.broken and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
@@ -453,34 +378,6 @@ class Supervisor:
             # run with no one listening.
             rt.log.warning("executor_channel_broken", reason=rt.child.status.close_reason)
             rt.child.kill_tree()
-
-    def _handle_message(self, rt: RunningTask, message: dict[str, Any], now: float) -> None:
-        kind = message.get("type")
-        task_id = rt.task.id
-        if kind == "progress":
-            text = message.get("text")
-            rt.progress = (int(message.get("percent", 0)), None if text is None else str(text))
-        elif kind == "pausable":
-            tasks.set_pausable(self.conn, task_id, bool(message.get("pausable")))
-        elif kind == "pause_request":
-            tasks.set_paused(self.conn, task_id, True)
-            rt.note_paused(now)
-            rt.log.info("task_paused", by="executor", reason=message.get("reason"))
-        elif kind == "resume_request":
-            self._mark_resumed(rt, now)
-            rt.log.info("task_resumed", by="executor")
-        elif kind == "log":
-            rt.log.log(running.log_level(message.get("level")), "executor_log", message=str(message.get("message")))
-        elif kind == "result":
-            rt.result = ExecuteResult(
-                result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
-            )
-        else:
-            rt.log.warning("unknown_executor_message", kind=str(kind))
-
-    def _mark_resumed(self, rt: RunningTask, now: float) -> None:
-        tasks.set_paused(self.conn, rt.task.id, False)
-        rt.note_resumed(now)
 
     def _flush_progress(self, now: float, only: RunningTask | None = None) -> None:
         due = [
@@ -509,7 +406,7 @@ class Supervisor:
         self._flush_progress(now, only=rt)
         # Recorded first: if that fails, the attempt is still running here, and the next tick
         # records it again rather than leave its row `running` with nobody watching it.
-        self._record_outcome(rt, now)
+        self._note(outcomes.record_attempt(self.conn, self.settings, rt, now))
         del self.running[rt.task.id]
         if reusable:
             self.idle.put_back(rt.child)
@@ -517,32 +414,6 @@ class Supervisor:
             rt.child.dismiss()
         else:
             rt.child.close()
-
-    def _record_outcome(self, rt: RunningTask, now: float) -> None:
-        """SPEC §6 for an attempt that is over (or, at shutdown, its task put back)."""
-        result = rt.result
-        succeeded = result is not None and result.ok
-        if rt.stop_reason == "shutdown" and not succeeded:
-            tasks.requeue(self.conn, rt.task.id, now=now)
-            rt.log.info("task_interrupted", by="shutdown")
-            return
-        if rt.stop_reason == "timeout" and not succeeded:
-            error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
-        elif rt.stop_reason == "cancel" and not succeeded:
-            error, error_type = "cancelled by user", models.CANCELLED
-        elif result is None:
-            exit_text = children.describe_exit(rt.exit_status())
-            error = f"executor process died without a result ({exit_text})"
-            # The task's own log: the process may have died before it was even given the task.
-            last_lines = children.tail(self.settings.task_log(rt.task.id), 20)
-            if last_lines:
-                error += "\n" + last_lines
-            error_type = models.CRASHED
-        elif succeeded:
-            error, error_type = None, None
-        else:
-            error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
-        self._note(outcomes.record(self.conn, self.settings, rt.task, rt.executor, error, error_type, now, result))
 
     def _note(self, recorded: outcomes.Recorded) -> None:
         """Count what `outcomes.record` did, and queue its hook to run after the commit."""
@@ -585,7 +456,7 @@ class Supervisor:
             # Sets the resume Event too, so a paused executor wakes up to see the cancel.
             rt.child.request_cancel()
             if rt.paused_since is not None:
-                self._mark_resumed(rt, now)
+                messages.mark_resumed(self.conn, rt, now)
             rt.log.info("task_stop_requested", reason=reason)
         return True
 
@@ -613,14 +484,13 @@ class Supervisor:
             if task.is_paused:
                 raise NotPausable(f"task {task_id} is already paused")
             rt.child.pause()
-            tasks.set_paused(self.conn, task_id, True)
-            rt.note_paused(now)
+            messages.mark_paused(self.conn, rt, now)
             rt.log.info("task_paused", by="user")
         else:
             if not task.is_paused:
                 raise NotPausable(f"task {task_id} is not paused")
             rt.child.resume()
-            self._mark_resumed(rt, now)
+            messages.mark_resumed(self.conn, rt, now)
             rt.log.info("task_resumed", by="user")
         return tasks.get(self.conn, task_id)
 

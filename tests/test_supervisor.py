@@ -447,6 +447,8 @@ def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tm
     missing = wait_ended(sup, submit(sup, "NOBODY_RUNS_THIS", max_retries=3))
     assert missing.status is TaskStatus.FAILED and missing.error_type == models.NO_EXECUTOR
     assert missing.retry_count == 0
+    # Tasks that end before they get a process count in the service's status line like the others.
+    assert "since start 2 completed, 1 failed, 0 cancelled" in sup.call(sup.summary)
 
 
 def test_broken_hooks_are_logged_never_fatal(make_supervisor: Callable[..., Supervisor]) -> None:

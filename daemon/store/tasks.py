@@ -390,14 +390,18 @@ def retry(
         )
 
 
-def requeue(conn: sqlite3.Connection, task_id: str, *, now: float) -> Task:
+def requeue(conn: sqlite3.Connection, task_id: str, *, now: float, known: Task | None = None) -> Task:
     """claimed or running → pending without counting a retry (recovery, graceful shutdown)."""
-    return transition(conn, task_id, TaskStatus.PENDING, now=now, progress=0, status_text=None)
+    return transition(conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None)
 
 
-def cancel(conn: sqlite3.Connection, task_id: str, *, now: float, reason: str = "cancelled by user") -> Task:
+def cancel(
+    conn: sqlite3.Connection, task_id: str, *, now: float, reason: str = "cancelled by user", known: Task | None = None
+) -> Task:
     """Any active status → cancelled; pending dependents are cancelled too."""
-    return transition(conn, task_id, TaskStatus.CANCELLED, now=now, error=reason, error_type=models.CANCELLED)
+    return transition(
+        conn, task_id, TaskStatus.CANCELLED, now=now, known=known, error=reason, error_type=models.CANCELLED
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""What happens to a claimed task before it is given a process (SPEC §6, §10): a type with no
+executor fails, a payload whose references to upstream results cannot be filled in fails, and a
+task its executor says it can skip completes at once. Only the tasks left get a process."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Any
+
+import structlog
+
+from daemon import models, templates
+from daemon.models import Task
+from daemon.outcomes import Recorded
+from daemon.store import tasks
+from daemon.submission import SubmissionRefused
+from executors.base import TaskExecutor
+from executors.registry import Registry
+
+log = structlog.get_logger("fredica.supervisor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A claimed task that is to run: the payload its executor gets has its references to upstream
+    results filled in."""
+
+    task: Task
+    executor: TaskExecutor
+    upstream: dict[str, Any]
+
+
+def prepare(conn: sqlite3.Connection, registry: Registry, task: Task, now: float) -> Prepared | Recorded:
+    """The claimed `task`, ready to run, or how it ended at once (recorded)."""
+    bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
+    executor = registry.get(task.type)
+    if executor is None:
+        error = f"no executor is registered for type {task.type}"
+        tasks.fail(conn, task.id, error=error, error_type=models.NO_EXECUTOR, now=now, known=task)
+        bound.warning("task_failed", error_type=models.NO_EXECUTOR)
+        return Recorded("failed")
+    upstream = tasks.results_of(conn, task.depends_on)
+    try:
+        resolved = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
+    except SubmissionRefused as exc:
+        tasks.fail(conn, task.id, error=exc.message, error_type=models.PAYLOAD_ERROR, now=now, known=task)
+        bound.warning("task_failed", error_type=models.PAYLOAD_ERROR, error=exc.message)
+        return Recorded("failed")
+    try:
+        skip = bool(executor.can_skip(resolved))
+    except Exception:
+        bound.exception("can_skip_failed")  # then it runs: the executor itself reports what is wrong
+        skip = False
+    if skip:
+        tasks.complete(conn, task.id, {"skipped": True}, now=now, known=task)
+        bound.info("task_skipped")
+        return Recorded("completed")
+    return Prepared(resolved, executor, upstream)

@@ -1,0 +1,97 @@
+"""Work other threads hand to the supervisor's loop thread, which alone uses the database.
+
+A thread serving a control-socket client calls `call(fn)`: `fn` is queued, the loop is woken
+through a pipe, and the caller waits. The loop runs every queued function inside its tick's
+transaction, each undone alone if it fails, and answers them only after that transaction is
+committed: nobody is told of a change that could still be rolled back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import sqlite3
+import threading
+from typing import Any, Callable, TypeVar
+
+from daemon.errors import FredicaError
+from daemon.store import db
+
+T = TypeVar("T")
+Answer = tuple["concurrent.futures.Future[Any]", bool, Any]  # the future, whether fn returned, what
+
+
+class ShuttingDown(FredicaError):
+    """The daemon is shutting down and takes no more requests."""
+
+
+class LoopHandoff:
+    """The queue of handed-over calls and the pipe that wakes the loop for them."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        # Never closed: `wake` may run in a signal handler at any time, and writing to a closed
+        # descriptor number could hit whatever file reused it.
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._wake_w, False)
+        self.loop_ident: int | None = None  # the loop thread, once it runs
+        self.finished = threading.Event()  # the loop has ended: calls are refused
+
+    def call(self, fn: Callable[[], T], timeout: float | None) -> T:
+        """Run `fn` on the loop thread and return its result once committed (directly if already
+        on that thread, or if no loop runs yet)."""
+        if self.finished.is_set():
+            raise ShuttingDown("the daemon is shutting down")
+        if self.loop_ident is None or threading.get_ident() == self.loop_ident:
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        self.wake()
+        return future.result(timeout)
+
+    def wake(self) -> None:
+        """Make the loop tick now (safe from any thread and from signal handlers)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full, so a wake-up is already pending
+
+    def clear_wake_ups(self) -> None:
+        """Empty the pipe once the loop has woken: one tick serves every wake-up so far."""
+        try:
+            while os.read(self.wake_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def run_calls(self, conn: sqlite3.Connection) -> list[Answer]:
+        """Run the calls handed over, each in a savepoint of the open transaction; their answers,
+        to give with `answer` once it is committed."""
+        answers: list[Answer] = []
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                return answers
+            if future.set_running_or_notify_cancel():
+                try:
+                    with db.savepoint(conn):
+                        answers.append((future, True, fn()))
+                except BaseException as exc:  # handed back to the caller, never kills the loop
+                    answers.append((future, False, exc))
+
+    @staticmethod
+    def answer(answers: list[Answer]) -> None:
+        for future, ok, value in answers:
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    @staticmethod
+    def refuse(answers: list[Answer], exc: BaseException) -> None:
+        """The transaction they ran in was rolled back: nothing they asked for happened."""
+        for future, _, _ in answers:
+            future.set_exception(exc)

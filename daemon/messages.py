@@ -1,0 +1,53 @@
+"""What an attempt's status messages do to its task (SPEC §6-§7): progress, whether it can be
+paused, its own pause and resume requests, log lines, and its result.
+
+Applied by the supervisor's loop, the database's one writer; executors only ever send messages.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from daemon import running
+from daemon.running import RunningTask
+from daemon.store import tasks
+from executors.base import ExecuteResult
+
+
+def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], now: float) -> None:
+    """Apply one message; a malformed one is logged and skipped, never stops the ones after it
+    (the attempt's result among them)."""
+    kind = message.get("type")
+    try:
+        if kind == "progress":
+            text = message.get("text")
+            rt.progress = (int(message.get("percent", 0)), None if text is None else str(text))
+        elif kind == "pausable":
+            tasks.set_pausable(conn, rt.task.id, bool(message.get("pausable")))
+        elif kind == "pause_request":
+            mark_paused(conn, rt, now)
+            rt.log.info("task_paused", by="executor", reason=message.get("reason"))
+        elif kind == "resume_request":
+            mark_resumed(conn, rt, now)
+            rt.log.info("task_resumed", by="executor")
+        elif kind == "log":
+            rt.log.log(running.log_level(message.get("level")), "executor_log", message=str(message.get("message")))
+        elif kind == "result":
+            rt.result = ExecuteResult(
+                result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
+            )
+        else:
+            rt.log.warning("unknown_executor_message", kind=str(kind))
+    except (TypeError, ValueError, OverflowError) as exc:
+        rt.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
+
+
+def mark_paused(conn: sqlite3.Connection, rt: RunningTask, now: float) -> None:
+    tasks.set_paused(conn, rt.task.id, True)
+    rt.note_paused(now)
+
+
+def mark_resumed(conn: sqlite3.Connection, rt: RunningTask, now: float) -> None:
+    tasks.set_paused(conn, rt.task.id, False)
+    rt.note_resumed(now)
