@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
+import stat
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 
@@ -82,15 +84,27 @@ class _RotatingFileHandler(logging.handlers.RotatingFileHandler):
     """RotatingFileHandler that formats each record once.
 
     The stdlib's `shouldRollover` formats the record to measure it (and stats the file), then
-    `emit` formats it again: with two events per task that was half the cost of logging.
+    `emit` formats it again: with two events per task that was half the cost of logging. Like the
+    stdlib's, it never rotates what is not a regular file: a log path that is a FIFO or a link to
+    /dev/stdout (a container's way to collect logs) is written to, never measured or renamed.
     """
+
+    _regular_file = True
+
+    def _open(self) -> Any:
+        stream = super()._open()
+        self._regular_file = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        return stream
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + self.terminator
             if self.stream is None:
                 self.stream = self._open()
-            if self.maxBytes > 0 and self.stream.tell() + len(line) >= self.maxBytes and self.stream.tell() > 0:
+            if (
+                self.maxBytes > 0 and self._regular_file
+                and self.stream.tell() + len(line) >= self.maxBytes and self.stream.tell() > 0
+            ):
                 self.doRollover()
             self.stream.write(line)
             self.flush()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +38,29 @@ def test_json_lines_in_a_rotated_file(tmp_path: Path, restore_logging: None) -> 
     lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     assert {"event", "level", "timestamp", "logger", "task_id", "run_id"} <= set(lines[-1])
     assert json.loads(log_file.read_text().splitlines()[-1])["step"] == 99
+
+
+def test_a_log_path_that_is_a_pipe_gets_every_line_and_is_never_rotated(tmp_path: Path, restore_logging: None) -> None:
+    # As a container collects logs: the log path is a FIFO (or a link to /dev/stdout).
+    fifo = tmp_path / "daemon.log"
+    os.mkfifo(fifo)
+    received: list[str] = []
+
+    def read_to_the_end() -> None:
+        with open(fifo) as pipe:
+            received.extend(pipe)
+
+    reader = threading.Thread(target=read_to_the_end, daemon=True)
+    reader.start()
+    logs.configure(fifo, stream=None, max_bytes=200)  # every line would need a rotation
+    log = structlog.get_logger("fredica.test")
+    for i in range(20):
+        log.info("task_progress", task_id=f"t{i}", run_id="r", step=i)
+    logs.configure(None, stream=None)  # closes the pipe: the reader sees its end
+    reader.join(10)
+    assert not reader.is_alive()
+    assert [json.loads(line)["step"] for line in received] == list(range(20))
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(tmp_path.iterdir()) == [fifo]
 
 
 def test_every_task_event_carries_its_task_and_run(daemons, tmp_path: Path) -> None:
