@@ -6,8 +6,10 @@ show it, AAC, faststart for streaming) and `"input_args"` (input options placed 
 `["-ss", "10"]` or `["-re"]`). Result: `{"output": path, "duration": seconds}` (the output's duration
 as ffprobe reads it, else the input's; None if neither is known).
 
-ffmpeg writes to `<dir>/<stem>.tmp<suffix>` (as MP4 whatever the name), which is renamed to the
-output only after ffmpeg succeeded, so a half-written file never has the final name. Progress comes
+ffmpeg writes to `<dir>/.<name>.<task id>.part` (as MP4), which is renamed to the output only after
+ffmpeg succeeded, so a half-written file never has the final name; the task id in it means no other
+file (the input, another task's output) can be that file. A task that fails for good or is cancelled
+leaves no partial file, even if its process was killed. Progress comes
 from `-progress pipe:1` (out_time against the input's duration from ffprobe). Pause stops ffmpeg's
 process group (SIGSTOP), resume continues it; cancel ends it and removes the partial file.
 
@@ -55,10 +57,10 @@ class TranscodeSpec:
     args: tuple[str, ...]
     input_args: tuple[str, ...]
 
-    @property
-    def temporary(self) -> Path:
-        """Where ffmpeg writes until it has succeeded."""
-        return self.output.with_name(f"{self.output.stem}.tmp{self.output.suffix or '.mp4'}")
+    def partial(self, task_id: str) -> Path:
+        """Where ffmpeg writes for task `task_id` until it has succeeded (next to the output, so
+        that the rename is atomic)."""
+        return self.output.with_name(f".{self.output.name}.{task_id}.part")
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
@@ -178,6 +180,9 @@ class TranscodeExecutor(TaskExecutor):
         """Run ffmpeg into a temporary file, then rename it to the output."""
         try:
             spec = TranscodeSpec.from_payload(task.payload)
+            partial = spec.partial(task.id)
+            if partial.resolve() == spec.input.resolve():
+                raise _process.PayloadError(f"the input has the name of the output's partial file: {partial}")
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
         ffmpeg, ffprobe = shutil.which("ffmpeg"), shutil.which("ffprobe")
@@ -195,7 +200,7 @@ class TranscodeExecutor(TaskExecutor):
             return ExecuteResult(error=f"cannot create {spec.output.parent}: {exc}", error_type="IO_ERROR")
         argv = [
             ffmpeg, "-hide_banner", "-nostdin", "-y", *spec.input_args, "-i", str(spec.input),
-            *spec.args, "-progress", "pipe:1", "-nostats", "-f", "mp4", str(spec.temporary),
+            *spec.args, "-progress", "pipe:1", "-nostats", "-f", "mp4", str(partial),
         ]
         ctx.log.info("running %s", subprocess.list2cmdline(argv))
         progress = FfmpegProgress(ctx, duration)
@@ -214,7 +219,7 @@ class TranscodeExecutor(TaskExecutor):
         finally:
             sys.stdout.flush()
         if outcome.cancelled or outcome.returncode != 0:
-            spec.temporary.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             if outcome.cancelled:
                 return _process.cancelled_result()
             tail = "\n".join(last_lines)
@@ -223,9 +228,9 @@ class TranscodeExecutor(TaskExecutor):
                 error_type=FFMPEG,
             )
         try:
-            os.replace(spec.temporary, spec.output)
+            os.replace(partial, spec.output)
         except OSError as exc:
-            spec.temporary.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             return ExecuteResult(error=f"cannot rename to {spec.output}: {exc}", error_type="IO_ERROR")
         final = probe_duration(ffprobe, spec.output) or duration
         return ExecuteResult(result={"output": str(spec.output), "duration": final})
@@ -237,3 +242,10 @@ class TranscodeExecutor(TaskExecutor):
             return spec.output.stat().st_mtime_ns > spec.input.stat().st_mtime_ns
         except (_process.PayloadError, OSError):
             return False
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        """Remove the partial file an attempt killed mid-way (SIGKILL, a crash) left behind."""
+        try:
+            TranscodeSpec.from_payload(task.payload, check_input=False).partial(task.id).unlink(missing_ok=True)
+        except (_process.PayloadError, OSError):
+            pass

@@ -16,7 +16,7 @@ import pytest
 from daemon import models
 from daemon.models import TaskStatus
 from executors import transcode
-from executors.base import TaskContext
+from executors.base import ExecuteResult, TaskContext
 from tests import media
 from tests.conftest import wait_for
 
@@ -76,7 +76,7 @@ def test_transcode_to_mp4_with_rising_progress(launcher: media.Launcher, clip: P
     assert result["result"]["output"] == str(output)
     assert result["result"]["duration"] == pytest.approx(3.0, abs=0.2)
     assert codec_of(output) == "h264"
-    assert not (tmp_path / "out" / "clip.tmp.mp4").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["clip.mp4"]  # no partial file left
     percents = media.progress_of(launcher.messages(child))
     assert percents and percents == sorted(percents) and percents[-1] == 100
     log = child.log_path.read_text()
@@ -89,7 +89,7 @@ def test_cancel_mid_way_leaves_no_partial_output(launcher: media.Launcher, clip:
     child = launcher.launch("TRANSCODE_MP4", {"input": str(clip), "output": str(output), "input_args": ["-re"]})
     launcher.wait_message(child, lambda m: m["type"] == "progress")
     ffmpeg = ffmpeg_pid(child.pid)
-    assert (tmp_path / "clip.tmp.mp4").exists()
+    assert [p.name for p in tmp_path.glob(".clip.mp4.*.part")] == [f".clip.mp4.{child.task_id}.part"]
     child.request_cancel()
     assert launcher.finish(child)["error_type"] == models.CANCELLED
     assert media.gone(ffmpeg)
@@ -118,7 +118,30 @@ def test_an_ffmpeg_failure_reports_its_last_lines(clip: Path, tmp_path: Path) ->
     assert result.error_type == "FFMPEG"
     error = result.error or ""
     assert error.startswith("ffmpeg failed (exit code") and "fredica_no_such_codec" in error
-    assert not output.exists() and not (tmp_path / "clip.tmp.mp4").exists()
+    assert not output.exists() and not list(tmp_path.glob("*.part"))
+
+
+def test_an_input_named_like_a_partial_file_is_never_touched(clip: Path, tmp_path: Path) -> None:
+    # Partial files were once named <stem>.tmp<suffix>: ffmpeg then refused to write over its own
+    # input, and the clean-up after its failure deleted the input.
+    source = tmp_path / "clip.tmp.mp4"
+    shutil.copyfile(clip, source)
+    output = tmp_path / "clip.mp4"
+    result, _ = media.run_inline(transcode.TranscodeExecutor(), {"input": str(source), "output": str(output)})
+    assert result.error is None, result
+    assert source.read_bytes() == clip.read_bytes() and codec_of(output) == "h264"
+
+
+def test_a_failed_tasks_partial_file_is_removed(clip: Path, tmp_path: Path) -> None:
+    # What an attempt SIGKILLed mid-way leaves: the executor's hook removes it once the task has failed.
+    output = tmp_path / "clip.mp4"
+    task = media.make_task("TRANSCODE_MP4", {"input": str(clip), "output": str(output)})
+    partial = transcode.TranscodeSpec.from_payload(task.payload).partial(task.id)
+    partial.write_bytes(b"half an mp4")
+    neighbour = tmp_path / ".clip.mp4.another-task.part"  # another task's: left alone
+    neighbour.write_bytes(b"")
+    transcode.TranscodeExecutor().on_task_failed(task, ExecuteResult(error="killed", error_type=models.CRASHED))
+    assert not partial.exists() and neighbour.exists() and clip.exists()
 
 
 @pytest.mark.parametrize(
