@@ -15,7 +15,6 @@ import mmap
 import os
 import pickle
 import select
-import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -52,9 +51,11 @@ def serve(
     the supervisor is gone), the process exits with `os._exit`, so threads or processes an
     executor left behind cannot keep its worker slot busy.
     """
-    # The supervisor decides when a task stops; a Ctrl-C on the daemon's terminal reaches the whole
-    # foreground process group and must not kill executors behind its back.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The supervisor decides when a task stops: a Ctrl-C (or hang-up) on the daemon's terminal,
+    # which reaches the whole foreground process group, must not kill executors behind its back.
+    # So they leave that group, rather than ignore SIGINT: an ignored signal stays ignored across
+    # exec, and the commands executors run would inherit that (a script could not trap it).
+    os.setpgid(0, 0)
     status = StatusQueue(status_connection)
     # Not for the executor's own children: a grandchild holding them would keep them open.
     for connection in (status_connection, assignments, control, reports):

@@ -80,6 +80,14 @@ def test_success_echoes_output_to_the_task_log_and_keeps_the_last_lines(launcher
     assert "line 1\n" in log and "to stderr" in log
 
 
+def test_a_command_can_handle_sigint_itself(launcher: media.Launcher) -> None:
+    # A shell cannot trap a signal that was ignored when it started: the executor must not pass on
+    # an ignored SIGINT (it keeps Ctrl-C on the daemon's terminal away by its process group).
+    child = launcher.launch("SHELL", sh("trap 'echo trapped' INT; kill -INT $$; echo after"))
+    result = launcher.finish(child)
+    assert result["error"] is None and result["result"]["last_lines"] == ["trapped", "after"]
+
+
 def test_argv_runs_without_a_shell(tmp_path: Path) -> None:
     marker = tmp_path / "injected"
     argument = f"a; touch {marker} $HOME"
