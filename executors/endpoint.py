@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import registry
-from executors._parent import die_with_parent
+from executors._parent import adopt_orphans, die_with_parent, end_leftovers
 from executors.base import ExecuteResult, StatusSink, TaskContext
 from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
@@ -71,6 +71,7 @@ def serve(
     output = AttemptOutput()
     if reports is not None:
         _launch_each_attempt(assignments, control, status, StatusQueue(reports), output)
+    adopt_orphans()
     steering = ControlReader(control.fileno())
     while True:
         try:
@@ -115,6 +116,7 @@ def _launch_each_attempt(
         if pid == 0:
             reports.close()
             die_with_parent(launcher)
+            adopt_orphans()
             _run_assigned_attempt(assignments, control, status, output, taken, rehearsal)
         return pid
 
@@ -290,6 +292,11 @@ def _run_attempt(
         f"task {task.id} ({task.type}) attempt {task.retry_count + 1} started in pid {os.getpid()} with {executor_ref}",
     )
     message = result_message(_execute(task, executor_ref, ctx, output))
+    # Nothing the attempt started may outlive it, not even what detached itself (adopt_orphans):
+    # once the supervisor has its result, the task is over.
+    left = end_leftovers()
+    if left:
+        output.line("WARNING", f"ended {len(left)} processes the task left running: {', '.join(map(str, left))}")
     channel.close()  # the result is the attempt's last message
     try:
         frame = encode(message)  # also the check that the result can be stored as JSON

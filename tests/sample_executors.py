@@ -397,3 +397,19 @@ class ForgedExit(TaskExecutor):
         while not go.exists():
             ctx.wait_cancelled(0.01)
         return ExecuteResult(result={})
+
+
+class LeavesProcesses(TaskExecutor):
+    """Starts `sleep 300` twice, one of them in a session of its own (as a daemon detaches), writes
+    their pids to `pid_file`, and returns without waiting for them."""
+
+    task_type = "LEAVE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        plain = subprocess.Popen(["sleep", "300"])
+        # `sh` starts the detached one and exits at once: it is orphaned, as a double fork leaves it.
+        detached = subprocess.run(
+            ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+        )
+        write_atomically(task.payload["pid_file"], f"{plain.pid} {detached.stdout.strip()}")
+        return ExecuteResult(result={})

@@ -681,6 +681,25 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         launcher.close()
 
 
+@pytest.mark.parametrize("fork_each", [True, False], ids=["launcher", "reused process"])
+def test_nothing_an_attempt_started_outlives_it(tmp_path: Path, forkserver: Any, fork_each: bool) -> None:
+    process = children.start_process(forkserver, fork_each=fork_each)
+    try:
+        pid_file = tmp_path / "pids"
+        process.assign(make_task("LEAVE", {"pid_file": str(pid_file)}), "tests.sample_executors:LeavesProcesses",
+                       {}, tmp_path / "a.log", last=False)
+        assert result_of(read_until(process))["error"] is None
+        # Ended before the result was sent: the one that detached into a session of its own too.
+        pids = [int(pid) for pid in pid_file.read_text().split()]
+        assert len(pids) == 2 and all(gone(pid) for pid in pids)
+        assert "ended 2 processes the task left running" in (tmp_path / "a.log").read_text()
+        # The process goes on to its next attempt as usual.
+        process.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
+        assert result_of(read_until(process))["result"]["echo"] == {"n": 2}
+    finally:
+        process.dismiss()
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
