@@ -51,6 +51,10 @@ class LoopHandoff:
         self.wake()
         return future.result(timeout)
 
+    def pending(self) -> int:
+        """How many calls wait for the loop."""
+        return self._calls.qsize()
+
     def wake(self) -> None:
         """Make the loop tick now (safe from any thread and from signal handlers)."""
         try:

@@ -132,6 +132,9 @@ def _serve(settings: config.Settings) -> int:
         signal.signal(signal.SIGINT, on_signal)
         report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
 
+        # Clients that connected during recovery are answered from now on: their requests must
+        # wait for the loop below, never run on their own threads while it starts.
+        supervisor.bind_loop_thread()
         server.serve()
         notifier.ready(
             f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "

@@ -120,6 +120,12 @@ class Supervisor:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def bind_loop_thread(self) -> None:
+        """Say that this thread will call `run`: from now on a request from another thread waits
+        for the loop, even before it starts (the daemon serves its socket first), rather than run
+        at once on the caller's thread, beside the loop, on the loop's connection."""
+        self._handoff.loop_ident = threading.get_ident()
+
     def start(self) -> None:
         """Run the loop in a background thread (tests and scripts; the daemon runs `run` itself)."""
         self._thread = threading.Thread(target=self.run, name="fredica-supervisor", daemon=True)
@@ -144,7 +150,7 @@ class Supervisor:
 
     def run(self) -> None:
         """Tick until stopped; the shell around `tick`."""
-        self._handoff.loop_ident = threading.get_ident()
+        self.bind_loop_thread()
         try:
             while True:
                 timeout = self.tick()

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -88,6 +89,28 @@ def submit(sup: Supervisor, task_type: str, **fields: Any) -> str:
 
 def get(sup: Supervisor, task_id: str) -> Task:
     return sup.call(lambda: tasks.get(sup.conn, task_id))
+
+
+def test_a_request_made_before_the_loop_runs_waits_for_it(tmp_path: Path) -> None:
+    # The daemon serves its socket just before it runs the loop: a request in between must not
+    # run on the client's thread, beside the starting loop, on the loop's own connection.
+    sup = Supervisor(Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock",
+                              log_dir=tmp_path / "logs", executors=EXECUTORS))
+    sup.bind_loop_thread()
+    submitted: list[str] = []
+    client = threading.Thread(target=lambda: submitted.append(submit(sup, "ECHO")))
+    client.start()
+    wait_for(lambda: sup._handoff.pending() == 1)
+    reader = sqlite3.connect(tmp_path / "fredica.db")
+    try:
+        assert reader.execute("SELECT count(*) FROM task").fetchone()[0] == 0
+        stopper = threading.Thread(target=lambda: (client.join(30), sup.request_stop(grace=0)))
+        stopper.start()
+        sup.run()  # answers the request, then stops
+        stopper.join(30)
+        assert reader.execute("SELECT id FROM task").fetchall() == [(submitted[0],)]
+    finally:
+        reader.close()
 
 
 def wait_status(sup: Supervisor, task_id: str, *statuses: TaskStatus, timeout: float = 20) -> Task:
