@@ -26,6 +26,10 @@ class ShuttingDown(FredicaError):
     """The daemon is shutting down and takes no more requests."""
 
 
+class LoopBusy(FredicaError):
+    """The loop did not take a request in time; the request was withdrawn, nothing was done."""
+
+
 class LoopHandoff:
     """The queue of handed-over calls and the pipe that wakes the loop for them."""
 
@@ -49,7 +53,17 @@ class LoopHandoff:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._calls.put((fn, future))
         self.wake()
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            # Withdrawn, so that a caller told it failed (and who may try again) never finds it
+            # done after all. Too late if the loop has started it: its answer then comes with the
+            # commit of the tick it runs in.
+            if future.cancel():
+                raise LoopBusy(
+                    f"the daemon did not take the request within {timeout:g} s (it is busy): nothing was done"
+                ) from None
+            return future.result()
 
     def pending(self) -> int:
         """How many calls wait for the loop."""

@@ -18,6 +18,7 @@ import structlog
 from daemon import children, models, outcomes
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.handoff import LoopBusy
 from daemon.models import Task, TaskStatus
 from daemon.store import runs, tasks
 from daemon.submission import parse_spec
@@ -89,6 +90,28 @@ def submit(sup: Supervisor, task_type: str, **fields: Any) -> str:
 
 def get(sup: Supervisor, task_id: str) -> Task:
     return sup.call(lambda: tasks.get(sup.conn, task_id))
+
+
+def test_a_request_that_timed_out_is_never_carried_out(tmp_path: Path) -> None:
+    sup = Supervisor(Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock",
+                              log_dir=tmp_path / "logs", executors=EXECUTORS))
+    sup.bind_loop_thread()  # the loop is late: the request times out waiting for it
+    carried_out: list[bool] = []
+    refused: list[LoopBusy] = []
+
+    def client() -> None:
+        try:
+            sup.call(lambda: carried_out.append(True), timeout=0.01)
+        except LoopBusy as exc:
+            refused.append(exc)
+
+    caller = threading.Thread(target=client)
+    caller.start()
+    caller.join(30)
+    assert len(refused) == 1 and "nothing was done" in refused[0].message
+    sup.request_stop(grace=0)
+    sup.run()  # the loop comes at last, and finds the request withdrawn
+    assert carried_out == []
 
 
 def test_a_request_made_before_the_loop_runs_waits_for_it(tmp_path: Path) -> None:
