@@ -49,7 +49,7 @@ def prepare(conn: sqlite3.Connection, registry: Registry, task: Task, now: float
         return Recorded("failed")
     try:
         skip = bool(executor.can_skip(resolved))
-    except Exception:
+    except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop
         bound.exception("can_skip_failed")  # then it runs: the executor itself reports what is wrong
         skip = False
     if skip:

@@ -109,7 +109,7 @@ def record(
     def hook() -> None:
         try:
             executor.on_task_failed(ended, hook_result)
-        except Exception:
+        except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop
             bound.exception("on_task_failed_failed")
 
     return Recorded(finished, hook)

@@ -362,7 +362,7 @@ class Supervisor:
         for action in outbox:
             try:
                 action()
-            except Exception:
+            except (Exception, SystemExit):  # each is independent: the rest must still be done
                 log.exception("supervisor_error")
 
     # --- messages from a child ------------------------------------------------------------------

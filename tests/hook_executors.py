@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from daemon.models import Task
@@ -63,6 +64,22 @@ class BrokenHooks(TaskExecutor):
 
     def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
         raise RuntimeError("on_task_failed is broken")
+
+
+class ExitingHooks(TaskExecutor):
+    """can_skip and on_task_failed call sys.exit (in the supervisor's process); execute fails with
+    a retryable error."""
+
+    task_type = "EXITING_HOOKS"
+
+    def can_skip(self, task: Task) -> bool:
+        sys.exit("can_skip exits")
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        return ExecuteResult(error="nope", error_type="IO_ERROR")
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        sys.exit(3)
 
 
 def _stored(db_path: str, task_id: str) -> dict[str, object]:

@@ -52,6 +52,7 @@ EXECUTORS = {
         "RECORDING_COUNT": "RecordingCounter",
         "SKIP_IF_EXISTS": "SkipIfExists",
         "BROKEN_HOOKS": "BrokenHooks",
+        "EXITING_HOOKS": "ExitingHooks",
         "SEES_ITS_ROW": "SeesItsOwnRow",
     }.items()
 }
@@ -497,10 +498,11 @@ def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tm
     assert "since start 2 completed, 1 failed, 0 cancelled" in sup.call(sup.summary)
 
 
-def test_broken_hooks_are_logged_never_fatal(make_supervisor: Callable[..., Supervisor]) -> None:
+@pytest.mark.parametrize("task_type", ["BROKEN_HOOKS", "EXITING_HOOKS"], ids=["raising", "calling sys.exit"])
+def test_broken_hooks_are_logged_never_fatal(make_supervisor: Callable[..., Supervisor], task_type: str) -> None:
     sup = make_supervisor()
     with structlog.testing.capture_logs() as events:
-        task = wait_ended(sup, submit(sup, "BROKEN_HOOKS", max_retries=1))
+        task = wait_ended(sup, submit(sup, task_type, max_retries=1))
     assert task.status is TaskStatus.FAILED and task.error_type == "IO_ERROR" and task.retry_count == 1
     names = [e["event"] for e in events if e.get("task_id") == task.id]
     assert names.count("can_skip_failed") == 2 and names.count("on_task_failed_failed") == 1
