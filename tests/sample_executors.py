@@ -44,12 +44,12 @@ class Echo(TaskExecutor):
 
 
 class JsonText(TaskExecutor):
-    """Returns its result as a JSON string."""
+    """Returns its result as a JSON string: the payload's "json" text, else an object's."""
 
     task_type = "JSON_TEXT"
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
-        return ExecuteResult(result='{"text": true}')
+        return ExecuteResult(result=task.payload.get("json", '{"text": true}'))
 
 
 class Counter(TaskExecutor):

@@ -44,6 +44,7 @@ EXECUTORS = {
         "GARBLE": "Garbler",
         "STUCK_AFTER_RESULT": "StuckAfterResult",
         "PRINT": "Printer",
+        "JSON_TEXT": "JsonText",
     }.items()
 } | {
     name: f"tests.hook_executors:{cls}"
@@ -481,6 +482,16 @@ def test_the_dependents_of_a_skipped_task_are_claimed_in_the_same_tick(
     ended = [wait_ended(sup, t.id) for t in chain]
     assert all(t.status is TaskStatus.COMPLETED and t.result == {"skipped": True} for t in ended)
     assert len({t.completed_at for t in ended}) == 1  # one tick's `now`
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2]}', '"done"', '"123"', '"{\\"a\\": 1}"', "[1, 2]"])
+def test_a_result_given_as_json_text_is_stored_as_that_json(make_supervisor: Callable[..., Supervisor],
+                                                            text: str) -> None:
+    sup = make_supervisor()
+    task = wait_ended(sup, submit(sup, "JSON_TEXT", payload={"json": text}))
+    assert task.status is TaskStatus.COMPLETED and task.result == json.loads(text)
+    stored = sup.call(lambda: sup.conn.execute("SELECT result FROM task WHERE id = ?", (task.id,)).fetchone()[0])
+    assert json.loads(stored) == json.loads(text)  # a JSON string stays a string, never decoded twice
 
 
 def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:

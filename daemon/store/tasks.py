@@ -182,11 +182,9 @@ def _transition(
 
 
 def _result_json(result: Any) -> str:
-    """A result as stored: a dict becomes JSON; a string must already be JSON (SPEC §8)."""
-    if isinstance(result, str):
-        json.loads(result)  # refuse text that is not JSON rather than store it
-        return result
-    return json.dumps(result)
+    """A result as stored: JSON for the value. An executor's result given as JSON text (SPEC §8)
+    was decoded in its process already: a str here is a JSON string value, stored as one."""
+    return json.dumps(result, allow_nan=False)  # NaN is not JSON: refused rather than stored
 
 
 def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
