@@ -22,6 +22,11 @@ Errors, retryable per the SPEC unless noted: `NETWORK` (after the reconnects), `
 is deleted so a retry starts clean), `SIZE_MISMATCH`, `TLS_ERROR`, `OUTPUT_BUSY`, `IO_ERROR`,
 `PAYLOAD_ERROR` (never retried), `CANCELLED`. A 404 is not a PAYLOAD_ERROR: the payload is well
 formed and the file may not be published yet; `max_retries` bounds how long that is waited for.
+
+Redirects are followed, but the payload's credentials stay with the origin it names: a redirect to
+another scheme, host or port goes without Authorization, Cookie and Proxy-Authorization. A redirect
+from https to http (or to anything but http(s)) is refused as a `PAYLOAD_ERROR`: no retry makes the
+server stop asking for clear text, and only a payload naming the http URL itself should allow it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ RECONNECT_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)  # one per consecutive failure with
 MAX_RETRY_AFTER = 30.0
 USER_AGENT = "fredica-worker DOWNLOAD (urllib)"
 TRANSIENT_HTTP = frozenset({408, 429}) | frozenset(range(500, 600))
+CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})  # lower case
+DEFAULT_PORTS = {"http": 80, "https": 443}
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)\s*$")
@@ -216,10 +223,46 @@ def _opener(url: str, tracker: _SocketTracker) -> urllib.request.OpenerDirector:
             context = getattr(self, "_context", None)  # the handler's TLS settings, if any
             return self.do_open(tracker.connection_class(http.client.HTTPSConnection), req, context=context)
 
-    handlers: list[urllib.request.BaseHandler] = [HTTPHandler(), HTTPSHandler()]
+    handlers: list[urllib.request.BaseHandler] = [HTTPHandler(), HTTPSHandler(), _RedirectHandler()]
     if _is_loopback(urllib.parse.urlsplit(url).hostname or ""):
         handlers.append(urllib.request.ProxyHandler({}))  # a proxy cannot reach our own loopback
     return urllib.request.build_opener(*handlers)
+
+
+class _RedirectHandler(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect, keeping the payload's credentials to the origin the payload names."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        source, target = _origin(req.full_url), _origin(new.full_url)
+        if target[0] not in DEFAULT_PORTS or (source[0], target[0]) == ("https", "http"):
+            fp.close()  # urllib closes it only when it follows the redirect
+            why = (
+                "https does not fall back to http; to accept clear text, give the http URL in the payload"
+                if target[0] == "http" else "only http and https are followed"
+            )
+            raise _Failure(
+                f"refused the redirect from {req.full_url} to {new.full_url}: {why}", models.PAYLOAD_ERROR, retry=False
+            )
+        if target != source:
+            # urllib copies every header to the new request; credentials are for the original origin.
+            for name in [n for n in new.headers if n.lower() in CREDENTIAL_HEADERS]:
+                del new.headers[name]
+        return new
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of `url`; ("", "", None) if it cannot be parsed."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        return scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme)
+    except ValueError:
+        return "", "", None
 
 
 def _is_loopback(host: str) -> bool:

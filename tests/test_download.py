@@ -1,8 +1,10 @@
 """The built-in DOWNLOAD executor against a local HTTP server: resume, restart, pause, cancel, verify.
 
 The server runs in a thread of the test process on 127.0.0.1 and nothing else is contacted. It can
-drop a connection at a given byte, ignore Range requests, and hold a response at a byte until the
-test opens a gate (how the tests pause and cancel mid-download without sleeping).
+drop a connection at a given byte, ignore Range requests, redirect, and hold a response at a byte
+until the test opens a gate (how the tests pause and cancel mid-download without sleeping). A second
+server on "localhost" is another origin for redirects; one with TLS (a throwaway certificate from
+the openssl command) is an https origin.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import http.server
 import os
 import random
 import re
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,7 +40,9 @@ DATA_SHA = media.sha256(DATA)
 class FileServer:
     """Serves DATA at /file.bin (with Range support unless `ranges` is False); records requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
+        self.host = host
+        self.scheme = "https" if tls else "http"
         self.ranges = True
         self.max_range: int | None = None  # answer an open range with at most this many bytes
         self.drop_at: list[int] = []  # byte offsets at which the next response breaks off (once each)
@@ -43,6 +50,7 @@ class FileServer:
         self.gate = threading.Event()
         self.waiting = threading.Event()  # set while a response waits at the gate
         self.statuses: dict[str, list[int]] = {"/missing": [404], "/secret": [401]}
+        self.redirects: dict[str, str] = {}  # path -> the Location of a 302
         self.requests: list[dict[str, Any]] = []
         owner = self
 
@@ -55,20 +63,29 @@ class FileServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def url(self, path: str = "/file.bin") -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+        return f"{self.scheme}://{self.host}:{self.httpd.server_address[1]}{path}"
 
     def ranges_requested(self) -> list[str | None]:
         return [r["range"] for r in self.requests]
 
     def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
         requested = h.headers.get("Range")
-        self.requests.append({"path": h.path, "range": requested})
+        headers = {name.lower(): value for name, value in h.headers.items()}
+        self.requests.append({"path": h.path, "range": requested, "headers": headers})
+        if h.path in self.redirects:
+            h.send_response(302)
+            h.send_header("Location", self.redirects[h.path])
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         codes = self.statuses.get(h.path)
         if codes:
             code = codes.pop(0) if len(codes) > 1 else codes[0]
@@ -146,6 +163,30 @@ def launcher(tmp_path: Path) -> Iterator[media.Launcher]:
     launcher.close()
 
 
+@pytest.fixture
+def elsewhere() -> Iterator[FileServer]:
+    """A server of another origin: host "localhost", its own port."""
+    server = FileServer(host="localhost")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate (and its key) for 127.0.0.1."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
 def payload(server: FileServer, tmp_path: Path, path: str = "/file.bin", **extra: Any) -> dict[str, Any]:
     return {"url": server.url(path), "output": str(tmp_path / "dl" / "file.bin"), **extra}
 
@@ -201,6 +242,45 @@ def test_a_range_answered_in_pieces_is_completed(server: FileServer, tmp_path: P
     result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256=DATA_SHA))
     assert result.ok, result
     assert server.ranges_requested() == [None, "bytes=500000-", "bytes=1500000-", "bytes=2500000-"]
+
+
+SECRETS = {"Authorization": "Bearer s3cret", "cookie": "session=s3cret", "PROXY-AUTHORIZATION": "Basic s3cret"}
+
+
+def test_a_redirect_to_another_origin_drops_the_credentials(
+    server: FileServer, elsewhere: FileServer, tmp_path: Path
+) -> None:
+    server.redirects["/here"] = server.url("/moved")  # same origin: the credentials go along
+    server.redirects["/moved"] = elsewhere.url()  # another host and port: they must not
+    headers = {**SECRETS, "X-Trace": "kept"}
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, "/here", sha256=DATA_SHA, headers=headers))
+    assert result.ok and result.result["sha256"] == DATA_SHA, result
+    secrets = {name.lower(): value for name, value in SECRETS.items()}
+    assert [r["path"] for r in server.requests] == ["/here", "/moved"]
+    assert all(r["headers"].items() >= secrets.items() for r in server.requests)
+    [received] = elsewhere.requests
+    assert received["path"] == "/file.bin" and received["headers"]["x-trace"] == "kept"
+    assert not secrets.keys() & received["headers"].keys(), received["headers"]
+
+
+def test_a_redirect_from_https_to_http_is_refused(
+    certificate: tuple[Path, Path], elsewhere: FileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(*certificate)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # the executor trusts the throwaway certificate
+    secure = FileServer(tls=tls)
+    try:
+        secure.redirects["/moved"] = elsewhere.url()
+        task_payload = {"url": secure.url("/moved"), "output": str(outputs(tmp_path)[0]), "headers": SECRETS}
+        result, _ = media.run_inline(DownloadExecutor(), task_payload)
+    finally:
+        secure.close()
+    assert result.error_type == models.PAYLOAD_ERROR, result
+    assert f"refused the redirect from {secure.url('/moved')} to {elsewhere.url()}" in (result.error or "")
+    assert "https does not fall back to http" in (result.error or "")
+    assert [r["path"] for r in secure.requests] == ["/moved"] and elsewhere.requests == []
+    assert not any(p.exists() for p in outputs(tmp_path))
 
 
 def test_a_complete_part_file_is_finished_on_416(server: FileServer, tmp_path: Path) -> None:
