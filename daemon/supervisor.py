@@ -456,8 +456,12 @@ class Supervisor:
         rt = self.running.get(task_id)
         if rt is None:
             return False
-        if rt.stop_reason is None:
-            rt.stop_reason = reason
+        if rt.stop_requested_at is None:
+            # An attempt that has reported its result (or whose process has exited) ended as it
+            # said, whatever comes now: its process is still stopped if it lingers, but the
+            # stop does not relabel that outcome (a failure as CANCELLED, or put back at shutdown).
+            if not rt.finishing():
+                rt.stop_reason = reason
             rt.stop_requested_at = now
             # Sets the resume Event too, so a paused executor wakes up to see the cancel.
             rt.child.request_cancel()

@@ -345,6 +345,8 @@ class StuckAfterResult(TaskExecutor):
                 threading.Event().wait()
 
         logging.getLogger("stuck").addHandler(NeverFlushes())
+        if task.payload.get("fail"):
+            return ExecuteResult(error="it went wrong", error_type="IO_ERROR")
         return ExecuteResult(result={"pid": os.getpid()})
 
 

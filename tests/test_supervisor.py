@@ -20,7 +20,7 @@ from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
 from daemon.models import Task, TaskStatus
-from daemon.store import runs, tasks
+from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
 from tests.conftest import make_task, wait_for
@@ -827,6 +827,28 @@ def test_a_process_stuck_after_its_result_is_ended_and_its_launcher_used_again(
     after = [wait_ended(sup, submit(sup, "STATE")) for _ in range(3)]
     assert all(t.status is TaskStatus.COMPLETED for t in after)
     assert launcher in [p.pid for p in sup.call(lambda: list(sup.idle))]  # not replaced: usable again
+
+
+@pytest.mark.parametrize("stop", ["cancel", "shutdown"])
+def test_a_stop_after_the_result_came_does_not_relabel_the_outcome(
+    make_supervisor: Callable[..., Supervisor], stop: str
+) -> None:
+    # A process that runs two attempts: the second is its last, so after sending its (failed)
+    # result it must exit, and it hangs on the way out. A stop requested meanwhile ends that
+    # process, but the task ended as its result said: FAILED, not CANCELLED or put back.
+    sup = make_supervisor(max_workers=1, tasks_per_process=2, warm_spare=False, cancel_grace=0.2)
+    assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED
+    task_id = submit(sup, "STUCK_AFTER_RESULT", payload={"fail": True})
+    wait_for(lambda: sup.call(lambda: task_id in sup.running and sup.running[task_id].result is not None))
+    if stop == "cancel":
+        assert sup.cancel(task_id).stopping == (task_id,)
+        task = wait_ended(sup, task_id)
+    else:
+        sup.stop(grace=0, timeout=20)
+        with contextlib.closing(db.open_database(sup.settings.database)) as conn:
+            task = tasks.get(conn, task_id)
+    assert task.status is TaskStatus.FAILED and task.error_type == "IO_ERROR" and task.error == "it went wrong"
+    assert ended_process(task.executor_pid)
 
 
 def test_a_launcher_just_put_back_is_waited_for_rather_than_a_new_one_started(
