@@ -3,7 +3,14 @@
 Payload: `{"url": "http(s)://...", "output": "/abs/path"}`, optional `"sha256"` (hex), `"headers"`
 (strings; not Range, which is ours), `"size"` (expected bytes, checked at the end and by `can_skip`),
 `"stall_timeout"` (seconds without data before a connection counts as dropped; default 60).
-Result: `{"output": path, "bytes": n, "sha256": hex}`.
+Result: `{"output": path, "bytes": n, "sha256": hex}`, plus `"skipped": true` when the output was
+already there (below).
+
+- An output that already exists: `can_skip` runs in the supervisor's loop, so it never reads the
+  file (hashing a large one would stall the loop): without a sha256 it skips the task when the
+  output exists with the payload's size, if given; with a sha256 it does not skip, and `execute`
+  hashes the existing output first: if it matches, the task ends at once without any request, else
+  the file is downloaded again.
 
 - Data goes to `<output>.part` (flock-ed: two tasks never write one file), renamed to `output` once
   complete and verified. An existing `.part` is resumed with `Range: bytes=N-`: after a dropped
@@ -40,6 +47,7 @@ import os
 import re
 import socket
 import ssl
+import stat
 import threading
 import time
 import urllib.error
@@ -454,6 +462,10 @@ class DownloadExecutor(TaskExecutor):
             spec = DownloadSpec.from_payload(task.payload)
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
+        if spec.sha256 is not None:
+            done = _existing_output(spec, ctx)
+            if done is not None:
+                return done
         try:
             spec.output.parent.mkdir(parents=True, exist_ok=True)
             part = PartFile(spec.part)
@@ -486,24 +498,43 @@ class DownloadExecutor(TaskExecutor):
             part.close(remove=not renamed and (corrupt or part.size == 0))
 
     def can_skip(self, task: Task) -> bool:
-        """True when the output exists and matches the payload's sha256 and size, where given.
+        """True when the output exists with the payload's size (if given) and there is no sha256.
 
-        Hashing runs in the supervisor, so a very large output costs it a few seconds here.
+        It runs in the supervisor's loop, so it never reads the file: a sha256 is checked by
+        `execute`, in the executor's process, which then ends at once if the output matches.
         """
         try:
             spec = DownloadSpec.from_payload(task.payload)
         except _process.PayloadError:
             return False  # execute reports the problem
+        if spec.sha256 is not None:
+            return False
         try:
-            if not spec.output.is_file():
-                return False
-            if spec.size is not None and spec.output.stat().st_size != spec.size:
-                return False
-            if spec.sha256 is not None:
-                return sha256_of(spec.output) == spec.sha256
+            info = spec.output.stat()
         except OSError:
             return False
-        return True
+        return stat.S_ISREG(info.st_mode) and (spec.size is None or info.st_size == spec.size)
+
+
+def _existing_output(spec: DownloadSpec, ctx: TaskContext) -> ExecuteResult | None:
+    """The result when the output already is the payload's file (size and sha256), else None."""
+    try:
+        info = spec.output.stat()
+        if not stat.S_ISREG(info.st_mode) or (spec.size is not None and info.st_size != spec.size):
+            return None
+        ctx.progress(0, f"checking the existing {_mib(info.st_size)}")
+        digest = sha256_of(spec.output, ctx)
+    except OSError:
+        return None  # unreadable: the download writes it anew
+    if digest is None:
+        return _process.cancelled_result()
+    if digest != spec.sha256:
+        ctx.log.info("%s exists but its sha256 is %s: downloading it again", spec.output, digest)
+        return None
+    ctx.log.info("%s already has the expected sha256: nothing to download", spec.output)
+    return ExecuteResult(
+        result={"output": str(spec.output), "bytes": info.st_size, "sha256": digest, "skipped": True}
+    )
 
 
 def _verify(spec: DownloadSpec, part: PartFile) -> ExecuteResult | None:
@@ -516,10 +547,15 @@ def _verify(spec: DownloadSpec, part: PartFile) -> ExecuteResult | None:
     return None
 
 
-def sha256_of(path: Path) -> str:
-    """The hex sha256 of a file's content."""
+def sha256_of(path: Path, ctx: TaskContext) -> str | None:
+    """The hex sha256 of a file's content; None if the task is cancelled meanwhile."""
+    hasher = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while block := f.read(HASH_BLOCK):
+            if ctx.cancelled:
+                return None
+            hasher.update(block)
+    return hasher.hexdigest()
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -402,17 +402,42 @@ def test_bad_payloads(server: FileServer, tmp_path: Path, bad: dict[str, Any], m
     assert server.requests == []
 
 
-def test_can_skip(tmp_path: Path) -> None:
+def test_can_skip_never_reads_the_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # can_skip runs in the supervisor's loop: hashing a large output there stalls the loop.
     output = tmp_path / "file.bin"
     executor = DownloadExecutor()
 
     def skip(**extra: Any) -> bool:
         return executor.can_skip(media.make_task("DOWNLOAD", {"url": "http://127.0.0.1:9/f", "output": str(output), **extra}))
 
-    assert not skip() and not skip(sha256=DATA_SHA)
+    def no_hashing(*args: Any) -> str:
+        raise AssertionError("can_skip hashed the output")
+
+    monkeypatch.setattr("executors.download.sha256_of", no_hashing)
+    assert not skip() and not skip(size=0)
     output.write_bytes(DATA)
-    assert skip() and skip(sha256=DATA_SHA) and skip(size=SIZE)
-    assert not skip(sha256="0" * 64) and not skip(size=SIZE + 1) and not skip(sha256="bad")
+    assert skip() and skip(size=SIZE)
+    assert not skip(size=SIZE + 1) and not skip(sha256="bad")
+    assert not skip(sha256=DATA_SHA) and not skip(sha256=DATA_SHA, size=SIZE)  # execute checks it
+
+
+def test_an_output_with_the_expected_sha256_is_not_downloaded_again(server: FileServer, tmp_path: Path) -> None:
+    output, part = outputs(tmp_path)
+    output.parent.mkdir()
+    output.write_bytes(DATA)
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256=DATA_SHA, size=SIZE))
+    assert result.result == {"output": str(output), "bytes": SIZE, "sha256": DATA_SHA, "skipped": True}, result
+    assert server.requests == [] and output.read_bytes() == DATA and not part.exists()
+
+
+@pytest.mark.parametrize("content", [DATA[::-1], DATA[:HALF]], ids=["other-content", "shorter"])
+def test_an_output_that_does_not_match_is_downloaded_again(server: FileServer, tmp_path: Path, content: bytes) -> None:
+    output, _ = outputs(tmp_path)
+    output.parent.mkdir()
+    output.write_bytes(content)
+    result, _ = media.run_inline(DownloadExecutor(), payload(server, tmp_path, sha256=DATA_SHA))
+    assert result.ok and "skipped" not in result.result, result
+    assert server.ranges_requested() == [None] and output.read_bytes() == DATA
 
 
 def test_end_to_end_through_the_supervisor(server: FileServer, tmp_path: Path) -> None:
@@ -423,8 +448,14 @@ def test_end_to_end_through_the_supervisor(server: FileServer, tmp_path: Path) -
         task = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", task_payload))
         assert task.status is TaskStatus.COMPLETED and task.progress == 100
         assert task.result == {"output": task_payload["output"], "bytes": SIZE, "sha256": DATA_SHA}
+        requests = len(server.requests)
+        # With a sha256 the executor checks the existing output; without one, can_skip skips the task.
         again = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", task_payload))
-        assert again.result == {"skipped": True}
+        assert again.status is TaskStatus.COMPLETED and again.result == {**task.result, "skipped": True}
+        unverified = {k: v for k, v in task_payload.items() if k != "sha256"}
+        skipped = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", unverified))
+        assert skipped.status is TaskStatus.COMPLETED and skipped.result == {"skipped": True}
+        assert len(server.requests) == requests
         missing_payload = payload(server, tmp_path, "/missing", output=str(tmp_path / "missing.bin"))
         missing = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", missing_payload, max_retries=1))
         assert missing.status is TaskStatus.FAILED and missing.error_type == "HTTP_404" and missing.retry_count == 1
