@@ -29,6 +29,7 @@ WATCH_INTERVAL = 0.5  # how often `watch` refreshes
 ACTIVE_STATUSES = ["pending", "claimed", "running"]
 _CONFIG = "fredica.config"
 _CLIENT = "fredica.client"
+_SETTINGS = "fredica.settings"
 
 
 def _sleep(seconds: float) -> None:
@@ -87,11 +88,19 @@ def _config_path() -> str | None:
     return click.get_current_context().meta.get(_CONFIG)
 
 
+def settings() -> config.Settings:
+    """The daemon's settings as the config (or the defaults) name them, read once per command."""
+    meta = click.get_current_context().meta
+    if _SETTINGS not in meta:
+        meta[_SETTINGS] = config.load_for_client(_config_path())
+    return meta[_SETTINGS]
+
+
 def call(op: str, **args: Any) -> Any:
     """One request to the daemon named by the config; errors become the exit status (see above)."""
     meta = click.get_current_context().meta
     if _CLIENT not in meta:
-        meta[_CLIENT] = client.Client(config.load(_config_path()).socket)
+        meta[_CLIENT] = client.Client(settings().socket)
     return meta[_CLIENT].call(op, **args)
 
 
@@ -356,7 +365,13 @@ def resume(task_id: str) -> None:
 def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
     """Show a task's log, or the daemon's log without an ID."""
     args = {"id": task_id} if task_id else {}
-    where = call("log_path", **args)
+    try:
+        where = call("log_path", **args)
+    except client.DaemonUnreachable as exc:
+        # The logs are files: a daemon that is down (when its log matters most) is read there.
+        path = settings().task_log(task_id) if task_id else settings().daemon_log
+        click.echo(f"note: {exc.message}; reading {path}", err=True)
+        where = {"path": str(path), "active": False, "json_lines": not task_id}
     readable = bool(where.get("json_lines")) and not as_json
 
     def emit(line: str) -> None:

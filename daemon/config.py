@@ -168,6 +168,23 @@ def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | Non
     return None
 
 
+# The directories systemd/fredica.service gives the daemon (StateDirectory=, RuntimeDirectory=), which
+# a shell does not have.
+SYSTEM_SERVICE_ENV = {"STATE_DIRECTORY": "/var/lib/fredica", "RUNTIME_DIRECTORY": "/run/fredica"}
+
+
+def load_for_client(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """The settings a CLI command finds the daemon (and its logs) by: `load`'s, except that with no
+    config file and no daemon socket where the defaults put it, the system service's, if its
+    socket is there: `sudo -u fredica fredica status` then finds the service with no config."""
+    settings = load(explicit, env)
+    if config_path(explicit, env) is None and not os.path.exists(settings.socket):
+        system = Settings.defaults(SYSTEM_SERVICE_ENV)
+        if os.path.exists(system.socket):  # False, not an error, where we may not look
+            return system
+    return settings
+
+
 def load(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the config; raises ConfigError with one clear line."""
     path = config_path(explicit, env)

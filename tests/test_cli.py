@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from daemon import cli, client, models, protocol, render
+from daemon import cli, client, config, models, protocol, render
 
 TASK_COLUMNS = [field.name for field in dataclasses.fields(models.Task)]
 ACTIVE = ["pending", "claimed", "running"]
@@ -620,6 +620,46 @@ def test_logs_of_the_daemon_renders_json_lines(fake, fredica, tmp_path):
     raw = fredica("logs", "--json", "-n", "1").stdout
     assert raw == "not json at all\n"
     assert fredica("logs", "--json", "-n", "4").stdout.splitlines()[0] == json.dumps(records[0])
+
+
+@pytest.mark.parametrize("task", [None, ID_A])
+def test_logs_are_read_from_their_files_when_the_daemon_is_down(tmp_path, task):
+    # When the daemon has stopped is when its log matters most: the CLI knows where it is.
+    log_dir = tmp_path / "logs"
+    config_file = tmp_path / "down.toml"
+    config_file.write_text(f'[daemon]\nsocket = "{tmp_path / "gone.sock"}"\nlog_dir = "{log_dir}"\n')
+    path = log_dir / "tasks" / f"{task}.log" if task else log_dir / "daemon.log"
+    path.parent.mkdir(parents=True)
+    record = {"timestamp": "2024-05-01T10:00:00.000Z", "level": "info", "event": "daemon_stopped"}
+    path.write_text(json.dumps(record) + "\n" if not task else "line 1\nline 2\n")
+    result = CliRunner().invoke(cli.main, ["--config", str(config_file), "logs", *([task] if task else []), "-n", "5"])
+    assert result.exit_code == 0, result.output
+    expected = ["line 1", "line 2"] if task else ["2024-05-01T10:00:00.000Z info    daemon_stopped"]
+    assert result.stdout.splitlines() == expected
+    assert "no daemon socket" in result.stderr and f"reading {path}" in result.stderr
+
+
+def test_with_no_config_the_system_services_socket_is_found(tmp_path, monkeypatch):
+    # `sudo -u fredica fredica status`: the service's directories come from its unit, which a
+    # shell does not have, and no config file names them.
+    for name in ("RUNTIME_DIRECTORY", "STATE_DIRECTORY", "XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    system = {"STATE_DIRECTORY": str(tmp_path / "lib"), "RUNTIME_DIRECTORY": str(tmp_path / "run")}
+    monkeypatch.setattr(config, "SYSTEM_SERVICE_ENV", system)
+    (tmp_path / "run").mkdir()
+    daemon = FakeDaemon(tmp_path / "run" / "control.sock")
+    try:
+        daemon.handlers["log_path"] = {"path": str(tmp_path / "lib" / "logs" / "daemon.log"), "active": True,
+                                       "json_lines": True}
+        result = CliRunner().invoke(cli.main, ["logs", "-n", "1"])
+        assert daemon.requests == [("log_path", {})] and "no log yet" in result.stderr
+    finally:
+        daemon.close()
+    assert not daemon.failures
+    # With the service's socket gone too, the user's own default is what is reported missing.
+    (tmp_path / "run" / "control.sock").unlink(missing_ok=True)
+    result = CliRunner().invoke(cli.main, ["status"])
+    assert result.exit_code == 3 and str(tmp_path / "home") in result.stderr
 
 
 def test_logs_of_an_unknown_task_exits_1(fake, fredica):
