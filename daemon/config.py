@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -82,14 +83,16 @@ class Settings:
 
 # key → (type check, extra check, message for the check)
 _POSITIVE = (lambda v: v > 0, "must be greater than 0")
+# The loop's fallback sleep: poll(2) takes no more than ~24 days, and an hour is already plenty.
+_POLL = (lambda v: 0 < v <= 3600, "must be greater than 0 and at most 3600 (seconds)")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be 0 or more")
 DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] = {
     "database": (str, None),
     "socket": (str, None),
     "log_dir": (str, None),
     "max_workers": (int, (lambda v: 1 <= v <= 1024, "must be between 1 and 1024")),
-    "poll_interval": ((int, float), _POSITIVE),
-    "idle_poll_interval": ((int, float), _POSITIVE),
+    "poll_interval": ((int, float), _POLL),
+    "idle_poll_interval": ((int, float), _POLL),
     "cancel_grace": ((int, float), _NON_NEGATIVE),
     "shutdown_grace": ((int, float), _NON_NEGATIVE),
     "start_method": (str, (lambda v: v in ("forkserver", "spawn"), 'must be "forkserver" or "spawn"')),
@@ -118,6 +121,31 @@ def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
     return float(value) if kind == (int, float) else value
 
 
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _path(key: str, text: str, env: Mapping[str, str], source: Path | None) -> Path:
+    """A path from the config: $VARIABLES and ~ expanded; a relative one is relative to the config
+    file (never to whatever directory the daemon or a CLI command happens to run in)."""
+    if not text.strip():
+        raise ConfigError(f"[daemon] {key} must not be empty")
+
+    def value_of(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if not env.get(name):
+            raise ConfigError(f"[daemon] {key} uses ${name}, which is not set here")
+        return env[name].split(":")[0] if name.endswith("_DIRECTORY") else env[name]  # systemd may list several
+
+    path = Path(_VARIABLE.sub(value_of, text)).expanduser()
+    if "\0" in str(path):
+        raise ConfigError(f"[daemon] {key} must not contain a NUL character")
+    if not path.is_absolute():
+        if source is None:
+            raise ConfigError(f"[daemon] {key} must be an absolute path, not {text!r}")
+        path = source.resolve().parent / path
+    return path
+
+
 def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: Path | None = None) -> Settings:
     """Settings from parsed TOML; unknown sections or keys and bad values raise ConfigError."""
     base = Settings.defaults(env)
@@ -135,7 +163,7 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
             values[key] = _check(section, key, value, keys[key])
     for key in ("database", "socket", "log_dir"):
         if key in values:
-            values[key] = Path(values[key]).expanduser()
+            values[key] = _path(key, values[key], os.environ if env is None else env, source)
     if values.get("synchronous"):
         values["synchronous"] = values["synchronous"].lower()
     executors = data.get("executors", {})

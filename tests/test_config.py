@@ -65,6 +65,11 @@ def test_lookup_order(tmp_path: Path) -> None:
         ("[daemon]\nwarm_spare = 1\n", "warm_spare must be true or false"),
         ("[daemon]\ntasks_per_process = 0\n", "tasks_per_process must be between 1 and 1000000"),
         ("[daemon]\ntasks_per_process = true\n", "tasks_per_process must be an integer"),
+        ("[daemon]\nidle_poll_interval = 3000000\n", "idle_poll_interval must be greater than 0 and at most 3600"),
+        ("[daemon]\npoll_interval = 0\n", "poll_interval must be greater than 0 and at most 3600"),
+        ("[daemon]\ndatabase = ''\n", "database must not be empty"),
+        ("[daemon]\nsocket = '$FREDICA_NO_SUCH_VARIABLE/c.sock'\n", "uses $FREDICA_NO_SUCH_VARIABLE, which is not set"),
+        ('[daemon]\nlog_dir = "/a\\u0000b"\n', "log_dir must not contain a NUL character"),
         ("daemon = 3\n", "[daemon] must be a table"),
         ("[nope]\n", "unknown section(s): nope"),
         ("x = [\n", "is not valid TOML"),
@@ -82,3 +87,20 @@ def test_bad_files_are_refused_with_a_clear_message(tmp_path: Path, text: str, m
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
         config.load(tmp_path / "absent.toml", env=ENV)
+
+
+def test_paths_expand_variables_and_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "fredica.toml"
+    path.parent.mkdir()
+    path.write_text('[daemon]\ndatabase = "$STATE_DIRECTORY/f.db"\nsocket = "${RUN}/c.sock"\nlog_dir = "logs"\n')
+    env = {**ENV, "STATE_DIRECTORY": "/var/lib/fredica:/var/lib/other", "RUN": "/run/x"}
+    settings = config.load(path, env=env)
+    assert settings.database == Path("/var/lib/fredica/f.db")  # the first of systemd's directories
+    assert settings.socket == Path("/run/x/c.sock")
+    # Not relative to the directory the daemon or a command runs in: the same for both.
+    assert settings.log_dir == tmp_path / "etc" / "logs"
+
+
+def test_a_relative_path_needs_a_config_file_to_be_relative_to() -> None:
+    with pytest.raises(ConfigError, match="database must be an absolute path"):
+        config.from_mapping({"daemon": {"database": "f.db"}}, env=ENV)
