@@ -165,6 +165,19 @@ def _entry_id(value: Any) -> int:
     return value
 
 
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket at `path` (not a stale one)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+    except OSError:  # ECONNREFUSED: nobody listens
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class ControlServer:
     """Listens on the control socket and serves each connection on a thread of its own."""
 
@@ -188,7 +201,11 @@ class ControlServer:
         if self.path.exists() or self.path.is_symlink():
             if not stat.S_ISSOCK(self.path.lstat().st_mode):
                 raise FredicaError(f"{self.path} exists and is not a socket: refusing to replace it")
-            self.path.unlink()  # stale: the database lock proves no other daemon owns it
+            # The database lock says no daemon owns our database; one on another database may
+            # still listen here (two configs naming one socket).
+            if _answers(self.path):
+                raise FredicaError(f"another daemon is listening on {self.path}: refusing to take its socket")
+            self.path.unlink()  # stale: left by a daemon that died
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600, with no window where it is wider
         try:

@@ -6,14 +6,16 @@ connect meanwhile queue up and wait, but it answers nothing until recovery has f
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import os
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 import structlog
 
@@ -25,6 +27,22 @@ log = structlog.get_logger("fredica.daemon")
 
 class AlreadyRunning(FredicaError):
     """Another daemon owns this database."""
+
+
+class CannotStart(FredicaError):
+    """A path the daemon cannot use or a database it cannot open: one line, not a traceback."""
+
+
+@contextlib.contextmanager
+def _starting(what: str) -> Iterator[None]:
+    """Turn what the system says about a step of the start into CannotStart("<what>: <why>")."""
+    try:
+        yield
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise CannotStart(f"{what}: {why}" + (f" ({exc.filename})" if exc.filename else "")) from None
+    except (sqlite3.Error, ValueError) as exc:
+        raise CannotStart(f"{what}: {exc}") from None
 
 
 class DatabaseLock:
@@ -69,12 +87,14 @@ def main(config_path: str | None = None) -> int:
     except FredicaError as exc:
         print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
-    logs.configure(settings.daemon_log)
     lock = DatabaseLock(settings.database)
     try:
-        lock.acquire()
-    except (FredicaError, OSError) as exc:
-        print(f"fredica: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        with _starting(f"cannot write the daemon log in {settings.log_dir}"):
+            logs.configure(settings.daemon_log)
+        with _starting(f"cannot lock the database {settings.database}"):
+            lock.acquire()
+    except FredicaError as exc:
+        print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
     try:
         return _serve(settings)
@@ -117,10 +137,12 @@ def _serve(settings: config.Settings) -> int:
 
     _children_skip_the_cli()
     server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args))
-    server.bind()
+    with _starting(f"cannot listen on {settings.socket}"):
+        server.bind()
     try:
         notifier = Notifier()
-        supervisor = Supervisor(settings, notifier=notifier)
+        with _starting(f"cannot open the database {settings.database}"):
+            supervisor = Supervisor(settings, notifier=notifier)
         handlers = control.Handlers(supervisor)
 
         def on_signal(signum: int, _frame: object) -> None:

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import types
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -146,6 +147,15 @@ def test_a_second_daemon_on_the_same_database_refuses(daemons) -> None:
     out = second.output.read_text()
     assert f"pid {first.process.pid}" in out and "already owns the database" in out
     assert first.data("status")["pid"] == first.process.pid
+
+
+def test_a_second_daemon_on_another_database_leaves_the_first_ones_socket(daemons) -> None:
+    first = daemons("a").start()
+    second = daemons("b", socket=first.socket)  # two configs naming one socket
+    second.start(wait=False)
+    assert second.process.wait(20) == 1
+    assert "another daemon is listening on" in second.output.read_text()
+    assert first.data("status")["pid"] == first.process.pid  # still reachable: its socket is intact
 
 
 @pytest.mark.parametrize("way_in", ["console script", "python -m daemon"])
@@ -349,6 +359,43 @@ def test_a_broken_config_stops_the_daemon_with_one_line(tmp_path: Path, config: 
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def _prepare_database_is_a_directory(d: Daemon) -> str:
+    d.database.mkdir(parents=True)
+    return "cannot open the database"
+
+
+def _prepare_corrupt_database(d: Daemon) -> str:
+    d.database.parent.mkdir(parents=True)
+    d.database.write_bytes(b"this is not a SQLite database, whatever its name says" * 100)
+    return "file is not a database"
+
+
+def _prepare_log_dir_under_a_file(d: Daemon) -> str:
+    d.log_dir.parent.mkdir(parents=True, exist_ok=True)
+    d.log_dir.write_text("a file where the log directory should be")
+    return "cannot write the daemon log in"
+
+
+@pytest.mark.parametrize(
+    "prepare", [_prepare_database_is_a_directory, _prepare_corrupt_database, _prepare_log_dir_under_a_file]
+)
+def test_a_path_the_daemon_cannot_use_stops_it_with_one_line(daemons, prepare: Callable[[Daemon], str]) -> None:
+    d = daemons()
+    message = prepare(d)
+    d.start(wait=False)
+    assert d.process.wait(30) == 1
+    lines = d.output.read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fredica: ") and message in lines[0], lines
+
+
+def test_a_socket_path_too_long_stops_the_daemon_with_one_line(daemons, tmp_path: Path) -> None:
+    d = daemons(socket=tmp_path / ("s" * 120) / "control.sock")
+    d.start(wait=False)
+    assert d.process.wait(30) == 1
+    lines = d.output.read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fredica: cannot listen on") and "too long" in lines[0], lines
 
 
 def test_an_unloadable_executor_stops_the_daemon_with_one_line(daemons) -> None:
