@@ -100,15 +100,14 @@ class DownloadSpec:
         url, output = payload.get("url"), payload.get("output")
         if not isinstance(url, str):
             raise _process.PayloadError("url (an http or https URL) is required")
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 (a port out of range or not a number raises here)
+        except ValueError as exc:
+            raise _process.PayloadError(f"url is not a valid URL ({exc}): {url!r}") from None
         _require(parts.scheme in ("http", "https") and bool(parts.hostname),
                  f"url must be an http(s) URL with a host, not {url!r}")
-        if not isinstance(output, str) or not output:
-            raise _process.PayloadError("output (an absolute file path) is required")
-        path = Path(output).expanduser()
-        # Relative to what? The daemon's working directory is no place for downloads.
-        _require(path.is_absolute(), f"output must be an absolute path, not {output!r}")
-        _require(not path.is_dir(), f"output is a directory: {output}")
+        path = _output_path(output)
         sha256 = payload.get("sha256")
         _require(sha256 is None or (isinstance(sha256, str) and bool(_SHA256.fullmatch(sha256))),
                  "sha256 must be 64 hex digits")
@@ -124,6 +123,24 @@ class DownloadSpec:
         _require(type(stall) in (int, float) and 0 < stall <= 3600,
                  "stall_timeout must be a number of seconds in (0, 3600]")
         return cls(url, path, sha256.lower() if sha256 else None, dict(headers), size, float(stall))
+
+
+def _output_path(output: object) -> Path:
+    if not isinstance(output, str) or not output:
+        raise _process.PayloadError("output (an absolute file path) is required")
+    _require("\0" not in output, f"output must not contain a NUL byte: {output!r}")
+    try:
+        path = Path(output).expanduser()
+    except RuntimeError:  # "~name" for an unknown user, or "~" without a home directory
+        raise _process.PayloadError(f"output: cannot expand the ~ of {output!r} (unknown user?)") from None
+    # Relative to what? The daemon's working directory is no place for downloads.
+    _require(path.is_absolute(), f"output must be an absolute path, not {output!r}")
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # e.g. a name too long
+        raise _process.PayloadError(f"output is not a usable path ({exc.strerror}): {output!r}") from None
+    _require(not is_dir, f"output is a directory: {output}")
+    return path
 
 
 def _require(condition: bool, message: str) -> None:

@@ -66,11 +66,15 @@ class TranscodeSpec:
     def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
         """Check the payload (and that the input is a file); PayloadError says what is wrong."""
         source, target = _path(payload, "input"), _path(payload, "output")
-        if check_input and not source.is_file():
-            raise _process.PayloadError(f"input file not found: {source}")
-        if target.is_dir():
-            raise _process.PayloadError(f"output is a directory: {target}")
-        if source.resolve() == target.resolve():
+        try:
+            if check_input and not source.is_file():
+                raise _process.PayloadError(f"input file not found: {source}")
+            if target.is_dir():
+                raise _process.PayloadError(f"output is a directory: {target}")
+            same = source.resolve() == target.resolve()
+        except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError)...
+            raise _process.PayloadError(f"input and output must be usable paths: {exc}") from None
+        if same:
             raise _process.PayloadError("input and output are the same file")
         return cls(
             source, target,
@@ -83,7 +87,12 @@ def _path(payload: Mapping[str, Any], key: str) -> Path:
     value = payload.get(key)
     if not isinstance(value, str) or not value:
         raise _process.PayloadError(f"{key} (an absolute file path) is required")
-    path = Path(value).expanduser()
+    if "\0" in value:
+        raise _process.PayloadError(f"{key} must not contain a NUL byte: {value!r}")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # "~name" for an unknown user, or "~" without a home directory
+        raise _process.PayloadError(f"{key}: cannot expand the ~ of {value!r} (unknown user?)") from None
     if not path.is_absolute():
         raise _process.PayloadError(f"{key} must be an absolute path, not {value!r}")
     return path

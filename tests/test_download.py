@@ -394,12 +394,20 @@ def test_a_part_locked_by_another_task_is_output_busy(server: FileServer, tmp_pa
         ({"headers": {"Range": "bytes=0-"}}, "the Range header is managed by the executor"),
         ({"headers": {"X-A": "1\r\nX-B: 2"}}, "names and values must be one-line strings"),
         ({"size": -1}, "size must be a whole number of bytes"),
+        ({"url": "http://[::1/x"}, "url is not a valid URL (Invalid IPv6 URL)"),
+        ({"url": "http://127.0.0.1:99999/x"}, "url is not a valid URL (Port out of range"),
+        ({"output": "~fredica-no-such-user/file.bin"}, "output: cannot expand the ~"),
+        ({"output": "{tmp}/dl/file\0.bin"}, "output must not contain a NUL byte"),
+        ({"output": "{tmp}/" + "a" * 300 + "/file.bin"}, "output is not a usable path (File name too long)"),
     ],
 )
 def test_bad_payloads(server: FileServer, tmp_path: Path, bad: dict[str, Any], message: str) -> None:
-    result, _ = media.run_inline(DownloadExecutor(), {**payload(server, tmp_path), **bad})
-    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or "")
+    filled = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in bad.items()}
+    task_payload = {**payload(server, tmp_path), **filled}
+    result, _ = media.run_inline(DownloadExecutor(), task_payload)
+    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or ""), result
     assert server.requests == []
+    assert not DownloadExecutor().can_skip(media.make_task("DOWNLOAD", task_payload))  # does not raise
 
 
 def test_can_skip_never_reads_the_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,13 +153,20 @@ def test_a_failed_tasks_partial_file_is_removed(clip: Path, tmp_path: Path) -> N
         ({"input": "{clip}", "output": "{clip}"}, "input and output are the same file"),
         ({"input": "{clip}", "output": "{tmp}/out.mp4", "args": "-c:v libx264"}, "args must be a list of strings"),
         ({"input": "{clip}", "output": "{tmp}"}, "output is a directory"),
+        ({"input": "{tmp}/in\0.mkv", "output": "{tmp}/out.mp4"}, "input must not contain a NUL byte"),
+        ({"input": "{clip}", "output": "{tmp}/out\0.mp4"}, "output must not contain a NUL byte"),
+        ({"input": "{clip}", "output": "~fredica-no-such-user/out.mp4"}, "output: cannot expand the ~"),
+        ({"input": "{clip}", "output": "{tmp}/" + "a" * 300 + "/out.mp4"}, "File name too long"),
+        ({"input": "{clip}", "output": "{tmp}/loop"}, "Symlink loop"),
     ],
 )
 def test_bad_payloads_are_payload_errors(payload: dict[str, str], message: str, clip: Path, tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     filled = {k: v.replace("{tmp}", str(tmp_path)).replace("{clip}", str(clip)) if isinstance(v, str) else v
               for k, v in payload.items()}
     result, _ = media.run_inline(transcode.TranscodeExecutor(), filled)
-    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or "")
+    assert result.error_type == models.PAYLOAD_ERROR and message in (result.error or ""), result
+    assert not transcode.TranscodeExecutor().can_skip(media.make_task("TRANSCODE_MP4", filled))  # does not raise
 
 
 def test_missing_ffmpeg_is_missing_tool(clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
