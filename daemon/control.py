@@ -9,6 +9,7 @@ read-only connection of the serving thread, so a long `ls` never stalls the loop
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import sqlite3
@@ -28,6 +29,8 @@ from daemon.supervisor import Supervisor
 
 log = structlog.get_logger("fredica.control")
 READ_TIMEOUT = 10.0  # a client that sends half a frame and stalls is dropped after this long
+MAX_CLIENTS = 64  # connections served at once (a thread each)
+ACCEPT_BACKOFF = 0.1  # seconds to wait after accept() failed (EMFILE: no descriptor left)
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -53,7 +56,9 @@ class Handlers:
         return conn
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
-        return getattr(self, f"op_{op}")(**args)
+        handler = getattr(self, f"op_{op}")
+        _check_argument_types(op, handler, args)
+        return handler(**args)
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -159,6 +164,25 @@ class Handlers:
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
 
 
+# What a handler's annotation (a string: `from __future__ import annotations`) lets an argument be.
+_ANNOTATED = {"str": (str,), "int": (int,), "bool": (bool,), "None": (type(None),)}
+
+
+def _check_argument_types(op: str, handler: Callable[..., Any], args: dict[str, Any]) -> None:
+    """Refuse an argument of the wrong JSON type with one clear line, before it reaches SQLite
+    (which would answer with an internal error) or is stored as the text of a list."""
+    parameters = inspect.signature(handler).parameters
+    for name, value in args.items():
+        parameter = parameters.get(name)
+        if parameter is None or parameter.annotation == "Any":
+            continue  # an unknown name is refused by the call itself
+        allowed = tuple(t for part in str(parameter.annotation).split("|") for t in _ANNOTATED[part.strip()])
+        wrong = not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+        if wrong or (isinstance(value, int) and not -(2**63) <= value < 2**63):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise protocol.ProtocolError(f"bad arguments for {op}: {name} must be {parameter.annotation}, not {shown}")
+
+
 def _entry_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise FredicaError(f"a restart-log entry id is a number, not {value!r}")
@@ -188,6 +212,7 @@ class ControlServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
 
     def bind(self) -> None:
         """Create the socket (listening, so clients queue while recovery runs); `serve` answers them."""
@@ -240,13 +265,24 @@ class ControlServer:
     def _accept_loop(self) -> None:
         assert self._sock is not None
         while not self._closing.is_set():
+            # At most MAX_CLIENTS served at once; the others wait in the listen backlog.
+            self._slots.acquire()
             try:
                 conn, _ = self._sock.accept()
             except OSError:
+                self._slots.release()
                 if self._closing.is_set():
                     return
+                # Out of file descriptors or memory: wait rather than spin on accept.
+                self._closing.wait(ACCEPT_BACKOFF)
                 continue
-            threading.Thread(target=self._serve_one, args=(conn,), name="fredica-client", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve_one, args=(conn,), name="fredica-client", daemon=True).start()
+            except RuntimeError:  # no thread to be had: drop this client, keep accepting
+                conn.close()
+                self._slots.release()
+                log.warning("client_dropped", reason="cannot start a thread")
+                self._closing.wait(ACCEPT_BACKOFF)
 
     def _serve_one(self, conn: socket.socket) -> None:
         with conn:
@@ -257,6 +293,10 @@ class ControlServer:
                 self._send_quietly(conn, protocol.error("ProtocolError", f"the reply is too large: {exc.message}"))
             except OSError:
                 pass  # the client went away; nothing to tell it
+            except Exception:  # a bug of ours: into the daemon's log, never its stderr
+                log.exception("client_failed")
+            finally:
+                self._slots.release()
 
     def _reply_for(self, conn: socket.socket) -> dict[str, Any]:
         uid = peer_uid(conn)

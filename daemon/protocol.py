@@ -82,6 +82,8 @@ def read_frame(sock: socket.socket, limit: int) -> dict[str, Any]:
         message = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"message is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("message is nested too deeply") from None
     if not isinstance(message, dict):
         raise ProtocolError("message is not a JSON object")
     return message

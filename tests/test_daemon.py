@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import re
 import shutil
@@ -15,12 +16,12 @@ import tempfile
 import threading
 import types
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 import pytest
 
-from daemon import children, protocol, recovery
+from daemon import children, control, protocol, recovery
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from tests.conftest import wait_for
@@ -281,13 +282,46 @@ def test_garbage_oversized_and_half_written_frames(daemons) -> None:
         "missing argument": frame(b'{"v": 1, "op": "cancel", "args": {}}'),
         "bad task": frame(b'{"v": 1, "op": "submit", "args": {"tasks": [{"type": "ECHO", "payload": [1]}]}}'),
         "tasks not a list": frame(b'{"v": 1, "op": "submit", "args": {"tasks": "ECHO"}}'),
+        "nested too deeply": frame(b'{"v": 1, "op": "ls", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "id not a string": frame(b'{"v": 1, "op": "show", "args": {"id": [1]}}'),
+        "limit not a number": frame(b'{"v": 1, "op": "runs", "args": {"limit": "x"}}'),
+        "entry id too big": frame(b'{"v": 1, "op": "restarts_dismiss", "args": {"id": 99999999999999999999999}}'),
+        "template not a string": frame(
+            b'{"v": 1, "op": "submit", "args": {"tasks": [{"type": "ECHO"}], "template": {"a": 1}}}'
+        ),
     }
     for name, payload in cases.items():
         reply = raw_exchange(d.socket, payload)
         assert reply["ok"] is False, name
         assert reply["error"]["message"] and "\n" not in reply["error"]["message"], name
+        assert reply["error"]["kind"] != "InternalError", (name, reply)  # refused, not a bug of ours
     assert d.data("status")["counts"] == before
     assert d.process.poll() is None
+    assert "Traceback" not in d.output.read_text()
+
+
+def test_the_accept_loop_waits_after_a_failed_accept_rather_than_spin(tmp_path: Path) -> None:
+    # Out of file descriptors, accept() fails at once, again and again: a loop that retried at
+    # once would burn a CPU until a descriptor came free.
+    server = control.ControlServer(tmp_path / "c.sock", lambda op, args: None)
+    events: list[str] = []
+
+    class NoDescriptorLeft:
+        def accept(self) -> Any:
+            events.append("accept")
+            if events.count("accept") == 3:
+                server._closing.set()  # the third failure is the last: the daemon is closing
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    class RecordingEvent(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            events.append(f"wait {timeout}")
+            return self.is_set()
+
+    server._sock = NoDescriptorLeft()  # type: ignore[assignment]
+    server._closing = RecordingEvent()
+    server._accept_loop()
+    assert events == ["accept", f"wait {control.ACCEPT_BACKOFF}", "accept", f"wait {control.ACCEPT_BACKOFF}", "accept"]
 
 
 def test_many_clients_at_once(daemons) -> None:
