@@ -190,7 +190,11 @@ class TranscodeExecutor(TaskExecutor):
         try:
             spec = TranscodeSpec.from_payload(task.payload)
             partial = spec.partial(task.id)
-            if partial.resolve() == spec.input.resolve():
+            try:
+                clash = partial.resolve() == spec.input.resolve()
+            except (OSError, RuntimeError) as exc:  # e.g. a symlink loop by that name
+                raise _process.PayloadError(f"the output's partial file {partial} is not usable: {exc}") from None
+            if clash:
                 raise _process.PayloadError(f"the input has the name of the output's partial file: {partial}")
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
