@@ -5,6 +5,7 @@ task its executor says it can skip completes at once. Only the tasks left get a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 from typing import Any
 
@@ -53,7 +54,22 @@ def prepare(conn: sqlite3.Connection, registry: Registry, task: Task, now: float
         bound.exception("can_skip_failed")  # then it runs: the executor itself reports what is wrong
         skip = False
     if skip:
-        tasks.complete(conn, task.id, {"skipped": True}, now=now, known=task)
+        tasks.complete(conn, task.id, {**_skipped_fields(executor, resolved, bound), "skipped": True}, now=now,
+                       known=task)
         bound.info("task_skipped")
         return Recorded("completed")
     return Prepared(resolved, executor, upstream)
+
+
+def _skipped_fields(executor: TaskExecutor, task: Task, bound: Any) -> dict[str, Any]:
+    """What the executor says a skipped task's result holds, if it is a JSON object; else nothing
+    (the task is skipped all the same, with the bare `{"skipped": true}` of SPEC §6)."""
+    try:
+        fields = executor.skipped_result(task)
+        if not isinstance(fields, dict):
+            raise TypeError(f"skipped_result returned {type(fields).__name__}, not a dict")
+        json.dumps(fields, allow_nan=False)  # it must be storable as the task's result
+        return fields
+    except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop
+        bound.exception("skipped_result_failed")
+        return {}

@@ -78,6 +78,11 @@ class TaskExecutor:
         """Supervisor side, before starting: True completes the task as skipped."""
         return False
 
+    def skipped_result(self, task: Task) -> dict[str, Any]:
+        """Supervisor side, for a task `can_skip` skipped: what its result holds besides
+        `"skipped": true`, for the tasks that depend on it (e.g. `{"output": ...}`)."""
+        return {}
+
     def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
         """Supervisor side, once, after a permanent failure or a cancel: undo side effects."""
 

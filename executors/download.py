@@ -533,6 +533,12 @@ class DownloadExecutor(TaskExecutor):
         return stat.S_ISREG(info.st_mode) and (spec.size is None or info.st_size == spec.size)
 
 
+    def skipped_result(self, task: Task) -> dict[str, Any]:
+        """What a skipped download's dependents read: its output, and its size."""
+        spec = DownloadSpec.from_payload(task.payload)
+        return {"output": str(spec.output), "bytes": spec.output.stat().st_size}
+
+
 def _existing_output(spec: DownloadSpec, ctx: TaskContext) -> ExecuteResult | None:
     """The result when the output already is the payload's file (size and sha256), else None."""
     try:

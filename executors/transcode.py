@@ -256,6 +256,11 @@ class TranscodeExecutor(TaskExecutor):
         except (_process.PayloadError, OSError):
             return False
 
+    def skipped_result(self, task: Task) -> dict[str, Any]:
+        """What a skipped transcode's dependents read: its output (its duration would need ffprobe,
+        which has no place in the supervisor's loop)."""
+        return {"output": str(TranscodeSpec.from_payload(task.payload, check_input=False).output)}
+
     def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
         """Remove the partial file an attempt killed mid-way (SIGKILL, a crash) left behind."""
         try:

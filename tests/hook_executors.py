@@ -46,6 +46,11 @@ class SkipIfExists(TaskExecutor):
     def can_skip(self, task: Task) -> bool:
         return os.path.exists(task.payload["output"])
 
+    def skipped_result(self, task: Task) -> dict[str, object]:
+        if task.payload.get("skipped_result") == "broken":
+            return {"not json": float("nan")}
+        return {"made": task.payload["output"]} if task.payload.get("skipped_result") else {}
+
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         Path(task.payload["output"]).write_text("made")
         return ExecuteResult(result={"made": task.payload["output"]})

@@ -427,6 +427,9 @@ def test_can_skip_never_reads_the_output(tmp_path: Path, monkeypatch: pytest.Mon
     assert skip() and skip(size=SIZE)
     assert not skip(size=SIZE + 1) and not skip(sha256="bad")
     assert not skip(sha256=DATA_SHA) and not skip(sha256=DATA_SHA, size=SIZE)  # execute checks it
+    # What the tasks that depend on a skipped download read, e.g. "{download.output}".
+    task = media.make_task("DOWNLOAD", {"url": "http://127.0.0.1:9/f", "output": str(output)})
+    assert executor.skipped_result(task) == {"output": str(output), "bytes": SIZE}
 
 
 def test_an_output_with_the_expected_sha256_is_not_downloaded_again(server: FileServer, tmp_path: Path) -> None:
@@ -462,7 +465,8 @@ def test_end_to_end_through_the_supervisor(server: FileServer, tmp_path: Path) -
         assert again.status is TaskStatus.COMPLETED and again.result == {**task.result, "skipped": True}
         unverified = {k: v for k, v in task_payload.items() if k != "sha256"}
         skipped = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", unverified))
-        assert skipped.status is TaskStatus.COMPLETED and skipped.result == {"skipped": True}
+        assert skipped.status is TaskStatus.COMPLETED
+        assert skipped.result == {"skipped": True, "output": task_payload["output"], "bytes": SIZE}
         assert len(server.requests) == requests
         missing_payload = payload(server, tmp_path, "/missing", output=str(tmp_path / "missing.bin"))
         missing = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", missing_payload, max_retries=1))

@@ -494,6 +494,24 @@ def test_a_result_given_as_json_text_is_stored_as_that_json(make_supervisor: Cal
     assert json.loads(stored) == json.loads(text)  # a JSON string stays a string, never decoded twice
 
 
+def test_a_skipped_tasks_result_carries_what_its_dependents_read(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor()
+    output = tmp_path / "out"
+    output.write_text("made before")
+    skipped, dependent, broken = sup.submit([
+        parse_spec({"type": "SKIP_IF_EXISTS", "key": "a", "payload": {"output": str(output), "skipped_result": True}}),
+        parse_spec({"type": "ECHO", "depends_on": ["a"], "payload": {"input": "{@0.made}"}}),
+        parse_spec({"type": "SKIP_IF_EXISTS", "payload": {"output": str(output), "skipped_result": "broken"}}),
+    ]).tasks
+    assert wait_ended(sup, skipped.id).result == {"made": str(output), "skipped": True}
+    echoed = wait_ended(sup, dependent.id)
+    assert echoed.status is TaskStatus.COMPLETED and echoed.result["echo"] == {"input": str(output)}
+    # A result that cannot be stored (NaN): skipped all the same, with SPEC §6's bare result.
+    assert wait_ended(sup, broken.id).result == {"skipped": True}
+
+
 def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     sup = make_supervisor()
     output = tmp_path / "out"

@@ -188,6 +188,8 @@ def test_can_skip_only_when_the_output_is_newer(clip: Path, tmp_path: Path) -> N
     assert executor.can_skip(task)
     os.utime(output, (stamp - 10, stamp - 10))
     assert not executor.can_skip(task)
+    # What the tasks that depend on a skipped transcode read, e.g. "{transcode.output}".
+    assert executor.skipped_result(task) == {"output": str(output)}
     assert not executor.can_skip(media.make_task("TRANSCODE_MP4", {"input": 3}))
 
 
@@ -216,6 +218,7 @@ def test_end_to_end_through_the_supervisor(clip: Path, tmp_path: Path) -> None:
         assert task.status is TaskStatus.COMPLETED and task.progress == 100
         assert task.result["output"] == payload["output"] and task.result["duration"] > 2.5
         again = media.wait_ended(sup, media.submit(sup, "TRANSCODE_MP4", payload))
-        assert again.status is TaskStatus.COMPLETED and again.result == {"skipped": True}
+        assert again.status is TaskStatus.COMPLETED
+        assert again.result == {"skipped": True, "output": payload["output"]}  # what dependents read
     finally:
         sup.stop(grace=0, timeout=20)
