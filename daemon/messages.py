@@ -24,7 +24,15 @@ def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], no
             text = message.get("text")
             rt.progress = (int(message.get("percent", 0)), None if text is None else str(text))
         elif kind == "pausable":
-            tasks.set_pausable(conn, rt.task.id, bool(message.get("pausable")))
+            pausable = bool(message.get("pausable"))
+            tasks.set_pausable(conn, rt.task.id, pausable)
+            if not pausable and rt.paused_since is not None:
+                # Paused while it still counted as pausable (the class default, before the
+                # executor read its payload): it will never honour that pause, so the pause is
+                # undone, not left to show it paused and stop its timeout's clock.
+                rt.child.resume()
+                mark_resumed(conn, rt, now)
+                rt.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
         elif kind == "pause_request":
             mark_paused(conn, rt, now)
             rt.log.info("task_paused", by="executor", reason=message.get("reason"))

@@ -17,14 +17,24 @@ from executors.base import ExecuteResult
 T0 = 1_700_000_000.0
 
 
+class RecordingChild:
+    """The few commands of an executor process the messages may send."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def resume(self) -> None:
+        self.commands.append("resume")
+
+
 def running_task(tmp_path: Path) -> tuple[Any, RunningTask]:
     conn = db.open_database(tmp_path / "fredica.db")
     tasks.submit(conn, [parse_spec({"type": "ECHO"})], now=T0)
     claimed = tasks.claim_next(conn, T0)
     assert claimed is not None
     started = tasks.start(conn, claimed.id, now=T0, known=claimed)
-    # The messages never touch the process or the executor: the loop applies them.
-    return conn, RunningTask(task=started, child=None, executor=None, started_at=T0)  # type: ignore[arg-type]
+    # The loop applies the messages: they touch the executor process only to resume it.
+    return conn, RunningTask(task=started, child=RecordingChild(), executor=None, started_at=T0)  # type: ignore[arg-type]
 
 
 def test_a_malformed_message_is_logged_and_the_ones_after_it_still_apply(tmp_path: Path) -> None:
@@ -54,3 +64,16 @@ def test_an_unknown_message_is_logged_and_changes_nothing(tmp_path: Path) -> Non
     assert [(e["event"], e["kind"]) for e in events] == [("unknown_executor_message", "exited")]
     assert rt.result is None and rt.attempt_exitcode is None
     assert tasks.get(conn, rt.task.id).status is TaskStatus.RUNNING
+
+
+def test_a_pause_taken_before_the_executor_said_it_is_not_pausable_is_undone(tmp_path: Path) -> None:
+    # SHELL counts as pausable until it has read "pausable": false in its payload; a user's
+    # pause accepted in between would never be honoured, and would stop the timeout's clock.
+    conn, rt = running_task(tmp_path)
+    messages.mark_paused(conn, rt, T0 + 1)  # as the supervisor records a user's pause
+    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 3)
+    task = tasks.get(conn, rt.task.id)
+    assert not task.is_pausable and not task.is_paused and rt.paused_since is None
+    assert rt.child.commands == ["resume"] and rt.paused_seconds == 2  # type: ignore[attr-defined]
+    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 4)  # not paused: nothing to undo
+    assert rt.child.commands == ["resume"]  # type: ignore[attr-defined]
