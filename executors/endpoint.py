@@ -57,10 +57,10 @@ def serve(
     # exec, and the commands executors run would inherit that (a script could not trap it).
     os.setpgid(0, 0)
     status = StatusQueue(status_connection)
-    # Not for the executor's own children: a grandchild holding them would keep them open.
-    for connection in (status_connection, assignments, control, reports):
-        if connection is not None:
-            os.set_inheritable(connection.fileno(), False)
+    # Nothing this process got (our pipes; multiprocessing's to the fork server and the resource
+    # tracker) is for the commands an executor starts: one started without close_fds (os.system)
+    # would hold them open, and a pipe held open never reports its end.
+    _close_on_exec_above_stderr()
     null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
     os.dup2(null, 0)
     os.close(null)
@@ -83,6 +83,16 @@ def serve(
         if last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
+
+
+def _close_on_exec_above_stderr() -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the descriptor listdir itself had open, now closed
 
 
 def _launch_each_attempt(

@@ -415,3 +415,15 @@ class LeavesProcesses(TaskExecutor):
         )
         write_atomically(task.payload["pid_file"], f"{plain.pid} {detached.stdout.strip()}")
         return ExecuteResult(result={})
+
+
+class InheritedFds(TaskExecutor):
+    """Reports the file descriptors a command it starts inherits (close_fds=False, as os.system)."""
+
+    task_type = "FDS"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        # "; true": the shell stays (it would exec ls as its last command) and lists its own fds.
+        done = subprocess.run(["sh", "-c", "ls /proc/$$/fd; true"], close_fds=False, capture_output=True, text=True,
+                              check=True)
+        return ExecuteResult(result={"fds": sorted(int(fd) for fd in done.stdout.split())})

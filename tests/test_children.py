@@ -700,6 +700,20 @@ def test_nothing_an_attempt_started_outlives_it(tmp_path: Path, forkserver: Any,
         process.dismiss()
 
 
+@pytest.mark.parametrize("fork_each", [True, False], ids=["launcher", "reused process"])
+def test_a_command_an_attempt_starts_inherits_only_stdin_stdout_and_stderr(
+    tmp_path: Path, forkserver: Any, fork_each: bool
+) -> None:
+    # What the executor process got from multiprocessing (the fork server's pipes, the resource
+    # tracker's) must not reach a command started without close_fds, as os.system starts them.
+    process = children.start_process(forkserver, fork_each=fork_each)
+    try:
+        process.assign(make_task("FDS"), "tests.sample_executors:InheritedFds", {}, tmp_path / "a.log", last=False)
+        assert result_of(read_until(process))["result"] == {"fds": [0, 1, 2]}
+    finally:
+        process.dismiss()
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
