@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 import psutil
 import structlog
 
-from daemon import pipes
+from daemon import paths, pipes
 from executors import channel, endpoint, steering
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class ExecutorProcess:
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
-        _make_dir(log_path.parent)
+        paths.private_dir(log_path.parent)  # a stat per attempt: it nearly always exists
         self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
         self.task_id, self.log_path, self.last = task.id, log_path, last
         self.attempt_process = process if process is not None else self.next_attempt_process()
@@ -357,12 +357,6 @@ class ExecutorProcess:
             except psutil.Error:
                 return None
         return None
-
-
-def _make_dir(path: Path) -> None:
-    """mkdir -p, for every attempt: a stat when the directory exists, as it nearly always does."""
-    if not path.is_dir():
-        path.mkdir(parents=True, exist_ok=True)
 
 
 def start_process(context: ExecutorContext, *, fork_each: bool = False) -> ExecutorProcess:

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from daemon import paths
+
 MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
 
@@ -45,7 +47,7 @@ def configure(
         root.removeHandler(handler)
         handler.close()
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(log_file.parent)
         to_file = _RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=BACKUPS)
         to_file.setFormatter(
             structlog.stdlib.ProcessorFormatter(
@@ -92,6 +94,7 @@ class _RotatingFileHandler(logging.handlers.RotatingFileHandler):
     _regular_file = True
 
     def _open(self) -> Any:
+        paths.private_file(self.baseFilename)  # a new file (first, or after a rotation) is 0600
         stream = super()._open()
         self._regular_file = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
         return stream

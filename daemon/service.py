@@ -19,7 +19,7 @@ from typing import IO, Iterator
 
 import structlog
 
-from daemon import config, logs
+from daemon import config, logs, paths
 from daemon.errors import FredicaError
 
 log = structlog.get_logger("fredica.daemon")
@@ -57,7 +57,7 @@ class DatabaseLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(self.path.parent)
         handle = open(self.path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -197,9 +197,20 @@ def test_only_the_console_script_is_kept_from_running_again_in_children(monkeypa
 
 
 def test_socket_and_directory_modes(daemons) -> None:
-    d = daemons().start()
+    old_umask = os.umask(0o022)  # the usual one: what the daemon makes must not depend on it
+    try:
+        d = daemons().start()
+    finally:
+        os.umask(old_umask)
     assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
     assert stat.S_IMODE(d.socket.parent.stat().st_mode) == 0o700
+    # Payloads (credentials in a DOWNLOAD's headers), results and logs: the daemon user's alone.
+    d.wait_task(d.submit("ECHO", payload={"secret": "s3cret"}), "completed")
+    for directory in (d.database.parent, d.log_dir, d.log_dir / "tasks"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    for file in (d.database, d.database.with_name("fredica.db-wal"), d.log_dir / "daemon.log",
+                 *(d.log_dir / "tasks").iterdir()):
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
 
 def status_as_nobody(path: Path) -> str:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from daemon import paths
 from daemon.store import migrations
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
@@ -65,7 +66,8 @@ def open_database(
     path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = 10.0
 ) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path` and bring its schema up to date."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(Path(path).parent)
+    paths.private_file(path)  # SQLite gives its -wal and -shm files the database's mode
     conn = connect(path, synchronous=synchronous, busy_timeout=busy_timeout)
     migrations.migrate(conn)
     return conn
