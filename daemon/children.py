@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 import psutil
 import structlog
 
-from daemon import paths, pipes
+from daemon import paths, pipes, starts
 from executors import channel, endpoint, steering
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ FORKSERVER_PRELOAD = [
     "multiprocessing.synchronize",
 ]
 log = structlog.get_logger("fredica.supervisor")
-CREATE_TIME_TOLERANCE = 0.01  # psutil derives create_time from clock ticks (1/100 s)
+CREATE_TIME_TOLERANCE = 0.01  # a start is counted in clock ticks (1/100 s)
 SEND_STALL = 2.0  # seconds an executor process may read nothing of a task being sent to it
 
 ExecutorContext = ForkServerContext | SpawnContext
@@ -428,11 +428,9 @@ def _is_int(value: Any) -> bool:
 
 
 def process_start_time(pid: int) -> float | None:
-    """When process `pid` started (psutil), or None if it is gone."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    """When process `pid` started (daemon.starts: no change of the wall clock moves it), or None
+    if it is gone."""
+    return starts.start_time(pid)
 
 
 def spawn(
@@ -478,13 +476,14 @@ def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
 
 
 def find_leftover(pid: int, create_time: float) -> psutil.Process | None:
-    """The process `pid` if it still exists and started at `create_time`; None for a reused pid."""
+    """The process `pid` if it still exists and started at `create_time` (as `process_start_time`
+    gave it); None for a reused pid."""
     try:
-        proc = psutil.Process(pid)
-        started = proc.create_time()
+        proc = psutil.Process(pid)  # psutil checks, when it signals, that the pid still names it
     except psutil.Error:
         return None
-    if abs(started - create_time) > CREATE_TIME_TOLERANCE:
+    started = process_start_time(pid)
+    if started is None or abs(started - create_time) > CREATE_TIME_TOLERANCE:
         return None
     return proc
 

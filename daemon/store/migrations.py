@@ -171,7 +171,15 @@ DELAYED_RETRIES = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES)
+# 4: the boot time each boot's process start times are counted from (daemon/starts.py), kept so
+# that a change of the wall clock, or a restart of the daemon after one, moves none of them.
+BOOT_TIMES = Migration(
+    4,
+    "boot times of recorded process starts",
+    ("CREATE TABLE boot (boot_id TEXT PRIMARY KEY, boot_time REAL NOT NULL)",),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -1,0 +1,60 @@
+"""When a process started, as a time that no change of the wall clock moves.
+
+Executors are recognised by pid and start time (SPEC §9), long after the start was recorded:
+stop escalation, startup recovery. psutil's create_time() is the boot time as the kernel reckons
+it *now* plus the clock ticks from boot to the start, so stepping the wall clock (an NTP
+correction soon after boot, `date -s`) moves every process's create_time by the step, and a
+process recorded before it would no longer be recognised: a stuck task never ended, a leftover
+executor left running. Here a start is the same ticks counted from a boot time fixed once per
+boot and database: the first one a daemon on that database read, kept in the database.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import psutil
+
+from daemon.store import db
+
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+_boot_time: float | None = None  # this boot's, as the database keeps it (anchor_to)
+
+
+def boot_id() -> str:
+    """This boot's id, which the kernel makes anew at every boot."""
+    with open("/proc/sys/kernel/random/boot_id") as handle:
+        return handle.read().strip()
+
+
+def anchor_to(conn: sqlite3.Connection) -> float:
+    """Count starts from the boot time the database keeps for this boot (recorded now if it has
+    none). The daemon calls it once, before it records or looks for any process."""
+    global _boot_time
+    this_boot = boot_id()
+    with db.write(conn):
+        row = conn.execute("SELECT boot_time FROM boot WHERE boot_id = ?", (this_boot,)).fetchone()
+        if row is None:  # the first daemon on this database since the machine booted
+            row = (psutil.boot_time(),)
+            conn.execute("INSERT INTO boot (boot_id, boot_time) VALUES (?, ?)", (this_boot, row[0]))
+    _boot_time = float(row[0])
+    return _boot_time
+
+
+def start_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch as of the anchored boot time (to
+    1/100 s); None if there is no such process."""
+    global _boot_time
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count fields after its end.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    ticks = int(fields[19])  # field 22, starttime
+    if _boot_time is None:  # no daemon anchored it (a test, a script): this process's first look
+        _boot_time = psutil.boot_time()
+    return _boot_time + ticks / TICKS_PER_SECOND
