@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import json
 import logging
 import mmap
@@ -119,6 +120,11 @@ def _launch_each_attempt(
     # Shared with every fork: set once it has read its whole assignment. A fork that died before
     # that may have left the pipe in the middle of a message, which the next fork must never read.
     taken = mmap.mmap(-1, 1)
+    # Everything made so far (the preloaded modules, the rehearsal's assignment) stays as long as
+    # the launcher: moved out of the collector's generations, the forks' collections never walk
+    # it, and what they touch spans fewer pages (measured: ~50 fewer copy-on-write faults a fork).
+    gc.collect()
+    gc.freeze()
 
     def fork_next() -> int:
         taken[0] = 0
