@@ -70,9 +70,10 @@ def serve(
     faulthandler.enable(file=2, all_threads=True)
     # Made once here, inherited by every fork: an attempt only points fds 1 and 2 at its log.
     output = AttemptOutput()
+    # What an attempt's processes orphan becomes ours (a launcher's: what a fork that died left).
+    adopt_orphans()
     if reports is not None:
         _launch_each_attempt(assignments, control, status, StatusQueue(reports), output)
-    adopt_orphans()
     steering = ControlReader(control.fileno())
     while True:
         try:
@@ -150,6 +151,10 @@ def _launch_each_attempt(
             with contextlib.suppress(OSError):
                 reports.put({"type": "exited", "exitcode": exitcode, "next_pid": None})
             _shut_down(status, output, 1)
+        # A fork that died (killed, crashed) ended nothing it started: those processes, orphaned
+        # to the launcher, still hold the status pipe the next fork writes on. Ended before it is
+        # forked, and before the report, so all they wrote is read as this attempt's.
+        end_leftovers()
         # Commands the attempt never read (it did not look at its Events) would fill the pipe all
         # the launcher's forks share; none can be for the next attempt, not assigned before the
         # report below.

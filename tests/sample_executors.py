@@ -427,3 +427,22 @@ class InheritedFds(TaskExecutor):
         done = subprocess.run(["sh", "-c", "ls /proc/$$/fd; true"], close_fds=False, capture_output=True, text=True,
                               check=True)
         return ExecuteResult(result={"fds": sorted(int(fd) for fd in done.stdout.split())})
+
+
+class CrashesLeavingAWorker(TaskExecutor):
+    """Forks a worker that keeps its status channel, writes the worker's pid to `pid_file`, and
+    dies (os._exit) without a result. The worker would report as if it were the task once
+    `go_file` exists."""
+
+    task_type = "CRASH_LEAVING_WORKER"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        pid = os.fork()
+        if pid == 0:
+            go = Path(task.payload["go_file"])
+            while not go.exists():
+                threading.Event().wait(0.01)
+            ctx._status.put({"type": "progress", "percent": 42, "text": "from a worker of an earlier task"})  # type: ignore[attr-defined]
+            os._exit(0)
+        write_atomically(task.payload["pid_file"], str(pid))
+        os._exit(3)

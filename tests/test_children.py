@@ -714,6 +714,26 @@ def test_a_command_an_attempt_starts_inherits_only_stdin_stdout_and_stderr(
         process.dismiss()
 
 
+def test_what_a_crashed_attempt_left_running_is_ended_before_the_next_attempt(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
+    # The worker of a fork that died holds the status pipe every later fork of the launcher
+    # writes on: left running, it could report progress or a pause as the next task's.
+    pid_file, go = tmp_path / "worker", tmp_path / "go"
+    launcher.assign(make_task("CRASH_LEAVING_WORKER", {"pid_file": str(pid_file), "go_file": str(go)}),
+                    "tests.sample_executors:CrashesLeavingAWorker", {}, tmp_path / "a.log", last=False)
+    assert read_until(launcher, "exited")[-1]["exitcode"] == 3
+    worker = int(pid_file.read_text())
+    try:
+        assert gone(worker)  # ended before the launcher reported the fork's exit
+    finally:
+        if not gone(worker):  # the assertion failed: never leave it running
+            os.kill(worker, signal.SIGKILL)
+    go.touch()
+    launcher.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
+    assert [m["type"] for m in read_until(launcher, "exited")] == ["result", "exited"]
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
