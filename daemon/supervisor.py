@@ -413,14 +413,23 @@ class Supervisor:
         self._flush_progress(now, only=rt)
         # Recorded first: if that fails, the attempt is still running here, and the next tick
         # records it again rather than leave its row `running` with nobody watching it.
-        self._note(outcomes.record_attempt(self.conn, self.settings, rt, now))
+        recorded = outcomes.record_attempt(self.conn, self.settings, rt, now)
         del self.running[rt.task.id]
-        if reusable:
-            self.idle.put_back(rt.child)
-        elif rt.child.is_alive():  # it may not run another attempt: it exits when dismissed
-            rt.child.dismiss()
-        else:
-            rt.child.close()
+        # Nothing after the record may raise: the savepoint would undo it, with the attempt
+        # already forgotten here.
+        try:
+            if reusable:
+                self.idle.put_back(rt.child)
+            elif rt.child.is_alive():  # it may not run another attempt: it exits when dismissed
+                rt.child.dismiss()
+            else:
+                rt.child.close()
+        except Exception:
+            rt.log.exception("executor_release_failed")
+            with contextlib.suppress(Exception):
+                rt.child.kill_tree()
+                rt.child.process.kill()
+        self._note(recorded)
 
     def _note(self, recorded: outcomes.Recorded) -> None:
         """Count what `outcomes.record` did, and queue its hook to run after the commit."""

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, models, outcomes
+from daemon import children, models, outcomes, pool
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
@@ -678,6 +678,28 @@ def test_an_outcome_that_cannot_be_recorded_is_recorded_at_a_later_tick(
     monkeypatch.setattr(outcomes, "record", failing_once)
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED and len(calls) == 2
+
+
+def test_a_process_that_cannot_be_released_does_not_undo_the_recorded_outcome(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The outcome is recorded and the attempt forgotten: a failure after that must not roll the
+    # record back, or the row would stay `running` with nobody watching it.
+    sup = make_supervisor(max_workers=1)
+    put_back = pool.IdleProcesses.put_back
+    calls: list[str] = []
+
+    def failing_once(self: pool.IdleProcesses, process: children.ExecutorProcess) -> None:
+        calls.append("put_back")
+        if len(calls) == 1:
+            raise OSError("cannot keep it")
+        put_back(self, process)
+
+    monkeypatch.setattr(pool.IdleProcesses, "put_back", failing_once)
+    first = wait_ended(sup, submit(sup, "ECHO"))
+    assert first.status is TaskStatus.COMPLETED
+    assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED  # and the loop goes on
+    assert "since start 2 completed" in sup.call(sup.summary)
 
 
 def test_without_a_warm_spare_no_process_is_started_before_a_task(make_supervisor: Callable[..., Supervisor]) -> None:
