@@ -54,9 +54,10 @@ def end_leftovers(rounds: int = 3, wait: float = 2.0) -> list[int]:
     # this one, and found by the next look.
     for _ in range(rounds):
         try:
-            alive = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+            found = psutil.Process().children(recursive=True)
         except psutil.Error:
             break
+        alive = [process for process in found if _running(process)]
         if not alive:
             break
         for process in alive:
@@ -68,3 +69,13 @@ def end_leftovers(rounds: int = 3, wait: float = 2.0) -> list[int]:
         while os.waitpid(-1, os.WNOHANG)[0]:  # zombies: adopted ones that ended on their own
             pass
     return ended
+
+
+def _running(process: Any) -> bool:
+    """Not a zombie, and still there (it may have ended, and been reaped, since it was listed)."""
+    import psutil
+
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False

@@ -81,7 +81,8 @@ def serve(
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output,
+                                 end_leftovers_first=False)
         if last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
@@ -187,7 +188,8 @@ def _run_assigned_attempt(
     taken[0] = 1
     assignments.close()
     task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(data)
-    exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output)
+    exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output,
+                             end_leftovers_first=True)
     _shut_down(status, output, exit_code)
 
 
@@ -294,9 +296,17 @@ def _run_attempt(
     status: StatusQueue,
     steering: Steering,
     output: AttemptOutput,
+    *,
+    end_leftovers_first: bool,
 ) -> int:
     """Run one attempt of `task` and send its result; the exit code the process should end with
-    if it stops now (non-zero when the result could not be reported or the attempt not set up)."""
+    if it stops now (non-zero when the result could not be reported or the attempt not set up).
+
+    `end_leftovers_first`: end whatever the attempt started and left running before the result
+    goes (a fork that runs one attempt). A process that runs several leaves them to the next
+    attempt, as it does its threads and module state (an executor may keep a pool of helpers),
+    and ends them when it exits.
+    """
     channel = AttemptChannel(status)
     try:
         output.begin(log_path)
@@ -315,7 +325,7 @@ def _run_attempt(
     message = result_message(_execute(task, executor_ref, ctx, output))
     # Nothing the attempt started may outlive it, not even what detached itself (adopt_orphans):
     # once the supervisor has its result, the task is over.
-    left = end_leftovers()
+    left = end_leftovers() if end_leftovers_first else []
     if left:
         output.line("WARNING", f"ended {len(left)} processes the task left running: {', '.join(map(str, left))}")
     channel.close()  # the result is the attempt's last message
@@ -381,6 +391,7 @@ def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOut
 
 
 def _shut_down(status: StatusQueue, output: AttemptOutput, exit_code: int) -> NoReturn:
+    end_leftovers()  # a process that ran several attempts kept what they left; nothing outlives it
     logging.shutdown()
     output.flush()
     status.close()

@@ -13,7 +13,10 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import termios
+import textwrap
 import threading
 import time
 from multiprocessing import connection as mp_connection
@@ -27,6 +30,8 @@ from daemon import children, models, pipes
 from executors import channel
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
 
 Launch = Callable[..., children.ExecutorProcess]
 
@@ -681,23 +686,58 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         launcher.close()
 
 
-@pytest.mark.parametrize("fork_each", [True, False], ids=["launcher", "reused process"])
-def test_nothing_an_attempt_started_outlives_it(tmp_path: Path, forkserver: Any, fork_each: bool) -> None:
-    process = children.start_process(forkserver, fork_each=fork_each)
+def test_nothing_a_forked_attempt_started_outlives_it(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+    pid_file = tmp_path / "pids"
+    launcher.assign(make_task("LEAVE", {"pid_file": str(pid_file)}), "tests.sample_executors:LeavesProcesses",
+                    {}, tmp_path / "a.log", last=False)
+    assert result_of(read_until(launcher))["error"] is None
+    # Ended before the result was sent: the one that detached into a session of its own too.
+    pids = [int(pid) for pid in pid_file.read_text().split()]
+    assert len(pids) == 2 and all(gone(pid) for pid in pids)
+    assert "ended 2 processes the task left running" in (tmp_path / "a.log").read_text()
+    # The launcher goes on to its next attempt as usual.
+    launcher.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
+    assert result_of(read_until(launcher))["result"]["echo"] == {"n": 2}
+
+
+def test_a_reused_process_keeps_what_its_attempts_started_until_it_exits(tmp_path: Path, forkserver: Any) -> None:
+    # As with its threads and module state: an executor may keep helpers (a process pool) for
+    # its next attempts. Nothing outlives the process itself, not even what detached itself.
+    process = children.start_process(forkserver)
+    pid_file = tmp_path / "pids"
     try:
-        pid_file = tmp_path / "pids"
         process.assign(make_task("LEAVE", {"pid_file": str(pid_file)}), "tests.sample_executors:LeavesProcesses",
                        {}, tmp_path / "a.log", last=False)
         assert result_of(read_until(process))["error"] is None
-        # Ended before the result was sent: the one that detached into a session of its own too.
         pids = [int(pid) for pid in pid_file.read_text().split()]
-        assert len(pids) == 2 and all(gone(pid) for pid in pids)
-        assert "ended 2 processes the task left running" in (tmp_path / "a.log").read_text()
-        # The process goes on to its next attempt as usual.
-        process.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
-        assert result_of(read_until(process))["result"]["echo"] == {"n": 2}
+        assert len(pids) == 2 and not any(gone(pid) for pid in pids)
+        process.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=True)
+        assert result_of(collect(process))["result"]["echo"] == {"n": 2}
+        assert all(gone(pid) for pid in pids)
     finally:
         process.dismiss()
+        for pid in [int(p) for p in (read(pid_file) or "").split()]:
+            if not gone(pid):  # only when an assertion failed: never leave them running
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_end_leftovers_ends_the_others_when_one_has_just_vanished() -> None:
+    # A descendant may end (and be reaped by its own parent) between being listed and looked at.
+    script = textwrap.dedent("""
+        import subprocess, sys
+        import psutil
+        from executors import _parent
+        vanished = subprocess.Popen(["true"])
+        listed = psutil.Process(vanished.pid)
+        vanished.wait()  # reaped: looking at it now fails
+        sleeper = subprocess.Popen(["sleep", "60"])
+        real = psutil.Process.children
+        psutil.Process.children = lambda self, recursive=False: [listed, *real(self, recursive=recursive)]
+        ended = _parent.end_leftovers()
+        print(ended == [sleeper.pid], psutil.pid_exists(sleeper.pid))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert done.stdout.split() == ["True", "False"], done.stderr
 
 
 @pytest.mark.parametrize("fork_each", [True, False], ids=["launcher", "reused process"])
