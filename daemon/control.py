@@ -190,13 +190,17 @@ def _entry_id(value: Any) -> int:
 
 
 def _answers(path: Path) -> bool:
-    """Whether something accepts connections on the Unix socket at `path` (not a stale one)."""
+    """Whether something may be listening on the Unix socket at `path`: only a refused connection
+    (or no socket any more) says it is stale. A full backlog (EAGAIN), a permission error or a
+    timeout say someone is there."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2.0)
     try:
         probe.connect(str(path))
-    except OSError:  # ECONNREFUSED: nobody listens
+    except (ConnectionRefusedError, FileNotFoundError):
         return False
+    except OSError:
+        return True
     finally:
         probe.close()
     return True

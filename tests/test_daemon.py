@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from daemon import children, control, protocol, recovery
+from daemon.errors import FredicaError
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from tests.conftest import wait_for
@@ -157,6 +158,36 @@ def test_a_second_daemon_on_another_database_leaves_the_first_ones_socket(daemon
     assert second.process.wait(20) == 1
     assert "another daemon is listening on" in second.output.read_text()
     assert first.data("status")["pid"] == first.process.pid  # still reachable: its socket is intact
+
+
+def test_a_socket_whose_listener_is_too_busy_to_accept_is_not_taken_for_stale(tmp_path: Path) -> None:
+    # A live daemon whose listen backlog is full refuses a connect at once (EAGAIN), like a
+    # stale socket does (ECONNREFUSED): only the latter may be replaced.
+    path = tmp_path / "busy.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    queued = []
+    try:
+        while True:  # fill the backlog: nobody accepts
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.setblocking(False)
+            queued.append(client)
+            try:
+                client.connect(str(path))
+            except BlockingIOError:
+                break
+        server = control.ControlServer(path, lambda op, args: None)
+        with pytest.raises(FredicaError, match="another daemon is listening"):
+            server.bind()
+        assert stat.S_ISSOCK(path.lstat().st_mode)  # left in place
+    finally:
+        for client in queued:
+            client.close()
+        listener.close()
+    stale = control.ControlServer(path, lambda op, args: None)  # nobody listens any more
+    stale.bind()
+    stale.close()
 
 
 @pytest.mark.parametrize("way_in", ["console script", "python -m daemon"])
