@@ -56,9 +56,8 @@ class Handlers:
         return conn
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
-        handler = getattr(self, f"op_{op}")
-        _check_argument_types(op, handler, args)
-        return handler(**args)
+        _check_argument_types(op, args)
+        return getattr(self, f"op_{op}")(**args)
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -77,7 +76,7 @@ class Handlers:
 
     def op_ls(self, status: Any = None, run: str | None = None, type: str | None = None,
               limit: int | None = None) -> list[dict[str, Any]]:
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        if limit is not None and limit < 0:
             raise FredicaError("limit must be a non-negative integer")
         found = tasks.list_tasks(self._reader(), status=status, run_id=run, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
@@ -152,41 +151,49 @@ class Handlers:
         return self.sup.resume(id).to_dict()
 
     def op_restarts_dismiss(self, id: int) -> dict[str, Any]:
-        entry_id = _entry_id(id)
         sup = self.sup
-        return sup.call(lambda: restarts.resolve(sup.conn, entry_id, "dismissed", now=sup.clock())).to_dict()
+        return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
 
     def op_restarts_recreate(self, id: int) -> dict[str, Any]:
-        entry_id = _entry_id(id)
         sup = self.sup
-        submission = sup.call(lambda: recovery.recreate(sup.conn, entry_id, now=sup.clock()))
+        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock()))
         sup.wake()
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
 
 
 # What a handler's annotation (a string: `from __future__ import annotations`) lets an argument be.
-_ANNOTATED = {"str": (str,), "int": (int,), "bool": (bool,), "None": (type(None),)}
+def _argument_types() -> dict[str, dict[str, tuple[str, tuple[type, ...]]]]:
+    """For each op, its arguments' JSON types, read once from its handler's annotations (strings:
+    `from __future__ import annotations`); "Any" is left to the handler. An annotation this does
+    not know fails here, at import, not on a client's request."""
+    known = {"str": (str,), "int": (int,), "bool": (bool,), "None": (type(None),)}
+    table: dict[str, dict[str, tuple[str, tuple[type, ...]]]] = {}
+    for name, handler in vars(Handlers).items():
+        if name.startswith("op_"):
+            table[name[3:]] = {
+                argument: (str(p.annotation), tuple(t for part in str(p.annotation).split("|")
+                                                    for t in known[part.strip()]))
+                for argument, p in inspect.signature(handler).parameters.items()
+                if argument != "self" and p.annotation != "Any"
+            }
+    return table
 
 
-def _check_argument_types(op: str, handler: Callable[..., Any], args: dict[str, Any]) -> None:
+ARGUMENT_TYPES = _argument_types()
+
+
+def _check_argument_types(op: str, args: dict[str, Any]) -> None:
     """Refuse an argument of the wrong JSON type with one clear line, before it reaches SQLite
     (which would answer with an internal error) or is stored as the text of a list."""
-    parameters = inspect.signature(handler).parameters
+    expected = ARGUMENT_TYPES.get(op, {})
     for name, value in args.items():
-        parameter = parameters.get(name)
-        if parameter is None or parameter.annotation == "Any":
-            continue  # an unknown name is refused by the call itself
-        allowed = tuple(t for part in str(parameter.annotation).split("|") for t in _ANNOTATED[part.strip()])
+        if name not in expected:
+            continue  # "Any", or an unknown name, which the call itself refuses
+        shown_type, allowed = expected[name]
         wrong = not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
         if wrong or (isinstance(value, int) and not -(2**63) <= value < 2**63):
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise protocol.ProtocolError(f"bad arguments for {op}: {name} must be {parameter.annotation}, not {shown}")
-
-
-def _entry_id(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FredicaError(f"a restart-log entry id is a number, not {value!r}")
-    return value
+            raise protocol.ProtocolError(f"bad arguments for {op}: {name} must be {shown_type}, not {shown}")
 
 
 def _answers(path: Path) -> bool:

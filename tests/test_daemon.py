@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import inspect
 import os
 import re
 import shutil
@@ -340,6 +341,17 @@ def test_garbage_oversized_and_half_written_frames(daemons) -> None:
     assert d.data("status")["counts"] == before
     assert d.process.poll() is None
     assert "Traceback" not in d.output.read_text()
+
+
+def test_every_operation_has_a_handler_whose_arguments_are_checked() -> None:
+    # The protocol's table of operations and the handlers' signatures must agree: an argument
+    # the protocol lets through reaches a handler that knows its type (or takes anything).
+    handlers = {name[3:]: handler for name, handler in vars(control.Handlers).items() if name.startswith("op_")}
+    assert set(handlers) == set(protocol.OPERATIONS)
+    for op, names in protocol.OPERATIONS.items():
+        parameters = set(inspect.signature(handlers[op]).parameters) - {"self"}
+        assert parameters == set(names), op
+        assert set(control.ARGUMENT_TYPES[op]) <= names
 
 
 def test_the_accept_loop_waits_after_a_failed_accept_rather_than_spin(tmp_path: Path) -> None:
