@@ -30,6 +30,8 @@ class RemoteError(FredicaError):
 class Client:
     """Talks to the daemon's control socket; each `call` opens its own connection."""
 
+    # Longer than the daemon lets a request wait for its loop (supervisor.CALL_TIMEOUT): a busy
+    # daemon then answers "nothing was done" before the client gives up.
     def __init__(self, socket_path: str | Path, timeout: float = 30.0) -> None:
         self.socket_path = Path(socket_path)
         self.timeout = timeout

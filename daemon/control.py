@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import select
 import socket
 import sqlite3
 import stat
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 import structlog
 
-from daemon import protocol, recovery
+from daemon import handoff, protocol, recovery
 from daemon.errors import FredicaError, UnknownTask
 from daemon.store import db, restarts, runs, tasks
 from daemon.submission import parse_spec
@@ -196,6 +197,14 @@ def _check_argument_types(op: str, args: dict[str, Any]) -> None:
             raise protocol.ProtocolError(f"bad arguments for {op}: {name} must be {shown_type}, not {shown}")
 
 
+def _still_connected(conn: socket.socket) -> bool:
+    """Whether the client is still there, waiting for its answer: not if it has closed its end
+    (it gave up). A poll, never a read: the socket has a timeout, and a read would wait it out."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    return not any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
+
+
 def _answers(path: Path) -> bool:
     """Whether something may be listening on the Unix socket at `path`: only a refused connection
     (or no socket any more) says it is stale. A full backlog (EAGAIN), a permission error or a
@@ -330,7 +339,8 @@ class ControlServer:
             log.warning("bad_request", error=exc.message)
             return protocol.error(type(exc).__name__, exc.message)
         try:
-            return protocol.ok(self.handle(op, args))
+            with handoff.on_behalf_of(lambda: _still_connected(conn)):
+                return protocol.ok(self.handle(op, args))
         except FredicaError as exc:
             return protocol.error(type(exc).__name__, exc.message)
         except TypeError as exc:  # arguments of the wrong shape for the handler

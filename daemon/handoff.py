@@ -9,11 +9,13 @@ committed: nobody is told of a change that could still be rolled back.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import os
 import queue
 import sqlite3
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from daemon.errors import FredicaError
 from daemon.store import db
@@ -30,11 +32,36 @@ class LoopBusy(FredicaError):
     """The loop did not take a request in time; the request was withdrawn, nothing was done."""
 
 
+class RequesterGone(FredicaError):
+    """Whoever made the request stopped waiting for it before the loop took it: not done."""
+
+
+# Whether the one a request is made for still waits for its answer (a control-socket client that
+# has not hung up), for the calls made in this context.
+_still_waiting: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "fredica_still_waiting", default=None
+)
+
+
+@contextlib.contextmanager
+def on_behalf_of(still_waiting: Callable[[], bool]) -> Iterator[None]:
+    """Calls made inside are dropped, not run, if `still_waiting()` is False when the loop takes
+    them: a client that gave up (and may try again) must never find its request done after all.
+    `still_waiting` runs on the loop thread."""
+    token = _still_waiting.set(still_waiting)
+    try:
+        yield
+    finally:
+        _still_waiting.reset(token)
+
+
 class LoopHandoff:
     """The queue of handed-over calls and the pipe that wakes the loop for them."""
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[
+            tuple[Callable[[], Any], concurrent.futures.Future[Any], Callable[[], bool] | None]
+        ] = queue.SimpleQueue()
         # Never closed: `wake` may run in a signal handler at any time, and writing to a closed
         # descriptor number could hit whatever file reused it.
         self.wake_fd, self._wake_w = os.pipe()
@@ -51,7 +78,7 @@ class LoopHandoff:
         if self.loop_ident is None or threading.get_ident() == self.loop_ident:
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._calls.put((fn, future))
+        self._calls.put((fn, future, _still_waiting.get()))
         self.wake()
         try:
             return future.result(timeout)
@@ -90,10 +117,13 @@ class LoopHandoff:
         answers: list[Answer] = []
         while True:
             try:
-                fn, future = self._calls.get_nowait()
+                fn, future, still_waiting = self._calls.get_nowait()
             except queue.Empty:
                 return answers
             if future.set_running_or_notify_cancel():
+                if still_waiting is not None and not still_waiting():
+                    answers.append((future, False, RequesterGone("the client stopped waiting: nothing was done")))
+                    continue
                 try:
                     with db.savepoint(conn):
                         answers.append((future, True, fn()))

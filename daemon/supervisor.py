@@ -38,6 +38,9 @@ T = TypeVar("T")
 # Messages read from one child per tick: enough to keep up with any honest executor, small enough
 # that a child flooding its channel cannot starve the others or the loop.
 DRAIN_LIMIT = 2000
+# How long a request waits for the loop before it is withdrawn: shorter than a client waits for
+# its answer (daemon.client), so that the client hears "nothing was done" rather than time out.
+CALL_TIMEOUT = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Supervisor:
 
     # --- the API other threads use --------------------------------------------------------------
 
-    def call(self, fn: Callable[[], T], timeout: float | None = 30.0) -> T:
+    def call(self, fn: Callable[[], T], timeout: float | None = CALL_TIMEOUT) -> T:
         """Run `fn` on the loop thread, in its transaction; its result once that is committed."""
         return self._handoff.call(fn, timeout)
 

@@ -343,6 +343,16 @@ def test_garbage_oversized_and_half_written_frames(daemons) -> None:
     assert "Traceback" not in d.output.read_text()
 
 
+def test_a_client_that_closed_its_end_is_seen_gone() -> None:
+    ours, theirs = socket.socketpair()
+    try:
+        assert control._still_connected(ours)  # waiting for its answer
+        theirs.close()
+        assert not control._still_connected(ours)
+    finally:
+        ours.close()
+
+
 def test_every_operation_has_a_handler_whose_arguments_are_checked() -> None:
     # The protocol's table of operations and the handlers' signatures must agree: an argument
     # the protocol lets through reaches a handler that knows its type (or takes anything).

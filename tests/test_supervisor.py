@@ -15,7 +15,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, models, outcomes, pool
+from daemon import children, handoff, models, outcomes, pool
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
@@ -114,6 +114,33 @@ def test_a_request_that_timed_out_is_never_carried_out(tmp_path: Path) -> None:
     sup.request_stop(grace=0)
     sup.run()  # the loop comes at last, and finds the request withdrawn
     assert carried_out == []
+
+
+def test_a_request_whose_client_stopped_waiting_is_never_carried_out(tmp_path: Path) -> None:
+    sup = Supervisor(Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock",
+                              log_dir=tmp_path / "logs", executors=EXECUTORS))
+    sup.bind_loop_thread()
+    client_waiting = threading.Event()
+    client_waiting.set()
+    carried_out: list[str] = []
+    answers: list[BaseException] = []
+
+    def client(name: str) -> None:
+        with handoff.on_behalf_of(client_waiting.is_set):
+            try:
+                sup.call(lambda: carried_out.append(name))
+            except handoff.RequesterGone as exc:
+                answers.append(exc)
+
+    caller = threading.Thread(target=client, args=("gave up",))
+    caller.start()
+    wait_for(lambda: sup._handoff.pending() == 1)
+    client_waiting.clear()  # its client hung up while the request waited for the loop
+    sup.tick()  # this thread was bound to run the loop
+    caller.join(30)
+    assert carried_out == [] and len(answers) == 1 and "nothing was done" in answers[0].message
+    sup.request_stop(grace=0)
+    sup.run()
 
 
 def test_a_request_made_before_the_loop_runs_waits_for_it(tmp_path: Path) -> None:
