@@ -182,6 +182,9 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
     return dataclasses.replace(base, **values, executors=dict(executors), templates=parsed, source=source)
 
 
+SYSTEM_CONFIG = Path("/etc/fredica/config.toml")
+
+
 def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
     """The config file to read, by the lookup order above; None means built-in defaults."""
     env = os.environ if env is None else env
@@ -190,7 +193,7 @@ def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | Non
     if env.get("FREDICA_CONFIG"):
         return Path(env["FREDICA_CONFIG"])
     home = Path(env.get("HOME", "~")).expanduser()
-    for candidate in (home / ".config" / "fredica" / "config.toml", Path("/etc/fredica/config.toml")):
+    for candidate in (home / ".config" / "fredica" / "config.toml", SYSTEM_CONFIG):
         if candidate.is_file():
             return candidate
     return None
@@ -202,11 +205,25 @@ SYSTEM_SERVICE_ENV = {"STATE_DIRECTORY": "/var/lib/fredica", "RUNTIME_DIRECTORY"
 
 
 def load_for_client(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """The settings a CLI command finds the daemon (and its logs) by: `load`'s, except that with no
-    config file and no daemon socket where the defaults put it, the system service's, if its
-    socket is there: `sudo -u fredica fredica status` then finds the service with no config."""
-    settings = load(explicit, env)
-    if config_path(explicit, env) is None and not os.path.exists(settings.socket):
+    """The settings a CLI command finds the daemon (and its logs) by, from a shell, which lacks
+    the directories systemd gives the daemon:
+
+    - a config may name them ($STATE_DIRECTORY, $RUNTIME_DIRECTORY, as config.example.toml
+      does): where unset they are the system service's for the system config, else the user
+      service's (which are the XDG defaults);
+    - with no config, and no daemon socket where the defaults put it, the system service's
+      directories are used if its socket is there: `sudo -u fredica fredica status` finds it.
+    """
+    env = os.environ if env is None else env
+    path = config_path(explicit, env)
+    if path is not None:
+        if Path(path).resolve() == SYSTEM_CONFIG.resolve():
+            service = SYSTEM_SERVICE_ENV
+        else:
+            service = {"STATE_DIRECTORY": str(_state_dir(env)), "RUNTIME_DIRECTORY": str(_runtime_dir(env))}
+        return load(path, {**service, **env})
+    settings = Settings.defaults(env)
+    if not os.path.exists(settings.socket):
         system = Settings.defaults(SYSTEM_SERVICE_ENV)
         if os.path.exists(system.socket):  # False, not an error, where we may not look
             return system

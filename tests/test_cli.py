@@ -639,6 +639,27 @@ def test_logs_are_read_from_their_files_when_the_daemon_is_down(tmp_path, task):
     assert "no daemon socket" in result.stderr and f"reading {path}" in result.stderr
 
 
+@pytest.mark.parametrize("system", [True, False], ids=["system config", "user config"])
+def test_a_config_naming_systemds_directories_works_from_a_shell(tmp_path, monkeypatch, system):
+    # config.example.toml shows database = "$STATE_DIRECTORY/fredica.db": the daemon under
+    # systemd has that variable, a shell running `fredica status` does not.
+    for name in ("RUNTIME_DIRECTORY", "STATE_DIRECTORY", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg-run"))
+    config_file = tmp_path / "config.toml"
+    config_file.write_text('[daemon]\nsocket = "$RUNTIME_DIRECTORY/control.sock"\nlog_dir = "$STATE_DIRECTORY/logs"\n')
+    service = {"STATE_DIRECTORY": str(tmp_path / "lib"), "RUNTIME_DIRECTORY": str(tmp_path / "run")}
+    monkeypatch.setattr(config, "SYSTEM_SERVICE_ENV", service)
+    if system:
+        monkeypatch.setattr(config, "SYSTEM_CONFIG", config_file)
+    settings = config.load_for_client(config_file)
+    if system:
+        assert settings.socket == tmp_path / "run" / "control.sock" and settings.log_dir == tmp_path / "lib" / "logs"
+    else:  # the user service's: ~/.local/state/fredica and $XDG_RUNTIME_DIR/fredica
+        assert settings.socket == tmp_path / "xdg-run" / "fredica" / "control.sock"
+        assert settings.log_dir == tmp_path / "home" / ".local" / "state" / "fredica" / "logs"
+
+
 def test_with_no_config_the_system_services_socket_is_found(tmp_path, monkeypatch):
     # `sudo -u fredica fredica status`: the service's directories come from its unit, which a
     # shell does not have, and no config file names them.
