@@ -104,12 +104,18 @@ def record(
         bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
     if executor is None:
         return Recorded(finished)
-    hook_result = ExecuteResult(error=outcome.error, error_type=outcome.error_type)
+    return Recorded(finished, failure_hook(executor, ended))
+
+
+def failure_hook(executor: TaskExecutor, ended: Task) -> Callable[[], None]:
+    """The executor's `on_task_failed` for `ended` (failed or cancelled for good), to call once
+    that is committed; what it raises, even SystemExit, is logged."""
+    result = ExecuteResult(error=ended.error, error_type=ended.error_type)
 
     def hook() -> None:
         try:
-            executor.on_task_failed(ended, hook_result)
+            executor.on_task_failed(ended, result)
         except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop
-            bound.exception("on_task_failed_failed")
+            log.exception("on_task_failed_failed", task_id=ended.id, run_id=ended.workflow_run_id, type=ended.type)
 
-    return Recorded(finished, hook)
+    return hook

@@ -42,6 +42,8 @@ class RecoveryReport:
     orphaned: int
     leftover_processes: int
     runs_reconciled: int
+    # The tasks failed as INTERRUPTED, for their executors' on_task_failed (not logged).
+    interrupted_tasks: tuple[Task, ...] = dataclasses.field(default=(), repr=False)
 
 
 def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) -> RecoveryReport:
@@ -69,8 +71,10 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
         orphaned=len(orphaned),
         leftover_processes=killed,
         runs_reconciled=len(reconciled),
+        interrupted_tasks=tuple(interrupted),
     )
-    log.info("recovery_finished", **dataclasses.asdict(report))
+    log.info("recovery_finished", **{f.name: getattr(report, f.name) for f in dataclasses.fields(report)
+                                     if f.name != "interrupted_tasks"})
     return report
 
 

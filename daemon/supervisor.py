@@ -124,6 +124,15 @@ class Supervisor:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def after_recovery(self, interrupted: Sequence[Task]) -> None:
+        """Call the executors' on_task_failed for the tasks recovery failed as INTERRUPTED: a
+        permanent failure like any other (SPEC §8), whose side effects (a partial file) are theirs
+        to undo. Before the loop runs, on this thread."""
+        for task in interrupted:
+            executor = self.registry.get(task.type)
+            if executor is not None:
+                outcomes.failure_hook(executor, task)()
+
     def bind_loop_thread(self) -> None:
         """Say that this thread will call `run`: from now on a request from another thread waits
         for the loop, even before it starts (the daemon serves its socket first), rather than run

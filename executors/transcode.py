@@ -59,8 +59,19 @@ class TranscodeSpec:
 
     def partial(self, task_id: str) -> Path:
         """Where ffmpeg writes for task `task_id` until it has succeeded (next to the output, so
-        that the rename is atomic)."""
-        return self.output.with_name(f".{self.output.name}.{task_id}.part")
+        that the rename is atomic); PayloadError if that cannot be a file of its own: a name too
+        long, or the input itself (a task id chosen to make it so), which is never written or
+        removed."""
+        partial = self.output.with_name(f".{self.output.name}.{task_id}.part")
+        if len(os.fsencode(partial.name)) > 255:
+            raise _process.PayloadError(f"the output's name is too long for its partial file: {self.output.name}")
+        try:
+            clash = partial.resolve() == self.input.resolve()
+        except (OSError, RuntimeError) as exc:  # e.g. a symlink loop by that name
+            raise _process.PayloadError(f"the output's partial file {partial} is not usable: {exc}") from None
+        if clash:
+            raise _process.PayloadError(f"the input has the name of the output's partial file: {partial}")
+        return partial
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
@@ -190,12 +201,6 @@ class TranscodeExecutor(TaskExecutor):
         try:
             spec = TranscodeSpec.from_payload(task.payload)
             partial = spec.partial(task.id)
-            try:
-                clash = partial.resolve() == spec.input.resolve()
-            except (OSError, RuntimeError) as exc:  # e.g. a symlink loop by that name
-                raise _process.PayloadError(f"the output's partial file {partial} is not usable: {exc}") from None
-            if clash:
-                raise _process.PayloadError(f"the input has the name of the output's partial file: {partial}")
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
         ffmpeg, ffprobe = shutil.which("ffmpeg"), shutil.which("ffprobe")
@@ -262,7 +267,8 @@ class TranscodeExecutor(TaskExecutor):
         return {"output": str(TranscodeSpec.from_payload(task.payload, check_input=False).output)}
 
     def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
-        """Remove the partial file an attempt killed mid-way (SIGKILL, a crash) left behind."""
+        """Remove the partial file an attempt killed mid-way (SIGKILL, a crash, the daemon's
+        death: recovery calls this for the tasks it fails as INTERRUPTED) left behind."""
         try:
             TranscodeSpec.from_payload(task.payload, check_input=False).partial(task.id).unlink(missing_ok=True)
         except (_process.PayloadError, OSError):

@@ -24,6 +24,7 @@ SAMPLE_EXECUTORS = {
     "PRINT": "tests.sample_executors:Printer",
     "SELF_PAUSE": "tests.sample_executors:SelfPause",
     "IMPORTED": "tests.sample_executors:Imported",
+    "RECORDING_HANG": "tests.hook_executors:RecordingHang",
 }
 
 

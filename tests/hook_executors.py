@@ -29,6 +29,20 @@ class RecordingRaise(TaskExecutor):
         _record(task.payload["hook_file"], task, result)
 
 
+class RecordingHang(TaskExecutor):
+    """Writes `ready_file`, then runs until cancelled; on_task_failed appends a line to `hook_file`."""
+
+    task_type = "RECORDING_HANG"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        Path(task.payload["ready_file"]).write_text(str(os.getpid()))
+        ctx.wait_cancelled()
+        return ExecuteResult(error="cancelled", error_type="CANCELLED")
+
+    def on_task_failed(self, task: Task, result: ExecuteResult) -> None:
+        _record(task.payload["hook_file"], task, result)
+
+
 class RecordingCounter(Counter):
     """The pausable Counter, recording on_task_failed calls in `hook_file`."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import errno
 import inspect
+import json
 import os
 import re
 import shutil
@@ -408,6 +409,21 @@ def test_many_clients_at_once(daemons) -> None:
     assert not errors and len(set(results)) == 30
     for task_id in results:
         d.wait_task(task_id, "completed")
+
+
+def test_recovery_calls_on_task_failed_for_the_tasks_it_interrupts(daemons, tmp_path: Path) -> None:
+    # Their side effects (a transcode's partial file) are the executor's to undo, as after any
+    # permanent failure: a daemon that died must not leave them for good.
+    d = daemons().start()
+    ready, hook_file = tmp_path / "ready", tmp_path / "hooks"
+    task_id = d.submit("RECORDING_HANG", payload={"ready_file": str(ready), "hook_file": str(hook_file)})
+    wait_for(ready.exists)
+    d.kill9()
+    assert not hook_file.exists()
+    d.start()
+    assert [json.loads(line) for line in hook_file.read_text().splitlines()] == [
+        {"task_id": task_id, "status": "failed", "error_type": "INTERRUPTED"}
+    ]
 
 
 def test_a_request_during_recovery_waits_and_is_applied_whole(daemons, tmp_path: Path) -> None:

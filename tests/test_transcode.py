@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -130,6 +131,25 @@ def test_an_input_named_like_a_partial_file_is_never_touched(clip: Path, tmp_pat
     result, _ = media.run_inline(transcode.TranscodeExecutor(), {"input": str(source), "output": str(output)})
     assert result.error is None, result
     assert source.read_bytes() == clip.read_bytes() and codec_of(output) == "h264"
+
+
+def test_an_input_at_the_partial_files_path_is_refused_and_never_removed(clip: Path, tmp_path: Path) -> None:
+    # A client may choose its task's id, and so name its input as the output's partial file.
+    task = media.make_task("TRANSCODE_MP4", {}, id="chosen")
+    source = tmp_path / ".clip.mp4.chosen.part"
+    shutil.copyfile(clip, source)
+    task = dataclasses.replace(task, payload={"input": str(source), "output": str(tmp_path / "clip.mp4")})
+    executor = transcode.TranscodeExecutor()
+    result = executor.execute(task, TaskContext(task, media.Recorder(), threading.Event(), threading.Event()))
+    assert result.error_type == models.PAYLOAD_ERROR and "partial file" in (result.error or "")
+    executor.on_task_failed(task, result)  # the failure's hook: the input is not its to remove
+    assert source.read_bytes() == clip.read_bytes()
+
+
+def test_an_output_name_too_long_for_its_partial_file_is_a_payload_error(clip: Path, tmp_path: Path) -> None:
+    output = tmp_path / ("v" * 230 + ".mp4")
+    result, _ = media.run_inline(transcode.TranscodeExecutor(), {"input": str(clip), "output": str(output)})
+    assert result.error_type == models.PAYLOAD_ERROR and "too long" in (result.error or "")
 
 
 def test_a_failed_tasks_partial_file_is_removed(clip: Path, tmp_path: Path) -> None:
