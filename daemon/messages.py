@@ -26,15 +26,16 @@ def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], no
         elif kind == "pausable":
             pausable = bool(message.get("pausable"))
             tasks.set_pausable(conn, rt.task.id, pausable)
-            if not pausable and rt.paused_since is not None:
-                # Paused while it still counted as pausable (the class default, before the
-                # executor read its payload): it will never honour that pause, so the pause is
-                # undone, not left to show it paused and stop its timeout's clock.
+            if not pausable and rt.paused_by == "user":
+                # Paused by a user while it still counted as pausable (the class default, before
+                # the executor read its payload): it will never honour that pause, so the pause
+                # is undone, not left to show it paused and stop its timeout's clock. Its own
+                # request_pause is its own business.
                 rt.child.resume()
                 mark_resumed(conn, rt, now)
                 rt.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
         elif kind == "pause_request":
-            mark_paused(conn, rt, now)
+            mark_paused(conn, rt, now, by="executor")
             rt.log.info("task_paused", by="executor", reason=message.get("reason"))
         elif kind == "resume_request":
             mark_resumed(conn, rt, now)
@@ -51,9 +52,9 @@ def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], no
         rt.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
 
 
-def mark_paused(conn: sqlite3.Connection, rt: RunningTask, now: float) -> None:
+def mark_paused(conn: sqlite3.Connection, rt: RunningTask, now: float, *, by: str) -> None:
     tasks.set_paused(conn, rt.task.id, True)
-    rt.note_paused(now)
+    rt.note_paused(now, by)
 
 
 def mark_resumed(conn: sqlite3.Connection, rt: RunningTask, now: float) -> None:

@@ -35,6 +35,7 @@ class RunningTask:
     terminated_at: float | None = None
     killed: bool = False
     paused_since: float | None = None
+    paused_by: str | None = None  # "user" or "executor" (its own request_pause)
     paused_seconds: float = 0.0
 
     @property
@@ -46,14 +47,14 @@ class RunningTask:
         paused = self.paused_seconds + (now - self.paused_since if self.paused_since is not None else 0.0)
         return now - self.started_at - paused
 
-    def note_paused(self, now: float) -> None:
+    def note_paused(self, now: float, by: str) -> None:
         if self.paused_since is None:
-            self.paused_since = now
+            self.paused_since, self.paused_by = now, by
 
     def note_resumed(self, now: float) -> None:
         if self.paused_since is not None:
             self.paused_seconds += now - self.paused_since
-            self.paused_since = None
+            self.paused_since = self.paused_by = None
 
     @property
     def channel_open(self) -> bool:

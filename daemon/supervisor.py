@@ -516,7 +516,7 @@ class Supervisor:
             if task.is_paused:
                 raise NotPausable(f"task {task_id} is already paused")
             rt.child.pause()
-            messages.mark_paused(self.conn, rt, now)
+            messages.mark_paused(self.conn, rt, now, by="user")
             rt.log.info("task_paused", by="user")
         else:
             if not task.is_paused:

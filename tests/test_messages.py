@@ -70,10 +70,15 @@ def test_a_pause_taken_before_the_executor_said_it_is_not_pausable_is_undone(tmp
     # SHELL counts as pausable until it has read "pausable": false in its payload; a user's
     # pause accepted in between would never be honoured, and would stop the timeout's clock.
     conn, rt = running_task(tmp_path)
-    messages.mark_paused(conn, rt, T0 + 1)  # as the supervisor records a user's pause
+    messages.mark_paused(conn, rt, T0 + 1, by="user")  # as the supervisor records a user's pause
     messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 3)
     task = tasks.get(conn, rt.task.id)
     assert not task.is_pausable and not task.is_paused and rt.paused_since is None
     assert rt.child.commands == ["resume"] and rt.paused_seconds == 2  # type: ignore[attr-defined]
     messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 4)  # not paused: nothing to undo
     assert rt.child.commands == ["resume"]  # type: ignore[attr-defined]
+    # A pause the executor asked for itself is its own business, pausable or not.
+    messages.apply(conn, rt, {"type": "pause_request", "reason": "disk full"}, T0 + 5)
+    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 6)
+    assert rt.child.commands == ["resume"] and rt.paused_by == "executor"  # type: ignore[attr-defined]
+    assert tasks.get(conn, rt.task.id).is_paused
