@@ -130,7 +130,7 @@ class ExecutorProcess:
         """The pid and start time of the process the next attempt will run in, to record first
         (a launcher's waiting fork is looked up with psutil: call it once per attempt)."""
         if self.fork_each and self.attempt_pid is not None:
-            return self.attempt_pid, process_start_time(self.attempt_pid)
+            return self.attempt_pid, starts.start_time(self.attempt_pid)
         return self.pid, self.create_time
 
     def assign(
@@ -171,8 +171,7 @@ class ExecutorProcess:
             self.assignments.close()
             self.assignments = None
         if self.reap(timeout) is None:
-            self.kill_tree()
-            self.process.kill()  # a launcher is not in its attempt's tree
+            self.kill()
             self.reap(timeout)
         self.close()
 
@@ -316,6 +315,11 @@ class ExecutorProcess:
         """SIGKILL the executor process and all its descendants (those seen by terminate_tree too)."""
         self._signal_tree(signal.SIGKILL)
 
+    def kill(self) -> None:
+        """SIGKILL the attempt's tree and the process itself: a launcher is not in its attempt's tree."""
+        self.kill_tree()
+        self.process.kill()
+
     def close(self) -> None:
         """Release the channels and the process handle; call once the process has ended."""
         if self._closed:
@@ -400,7 +404,7 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         status=channel.StatusReader(status),
         control=control,
         pid=pid,
-        create_time=process_start_time(pid),
+        create_time=starts.start_time(pid),
         assignments=assignments,
         reports=channel.StatusReader(reports) if reports is not None else None,
         sentinel_exact=isinstance(context, ForkServerContext),
@@ -425,12 +429,6 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def process_start_time(pid: int) -> float | None:
-    """When process `pid` started (daemon.starts: no change of the wall clock moves it), or None
-    if it is gone."""
-    return starts.start_time(pid)
 
 
 def spawn(
@@ -476,13 +474,13 @@ def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
 
 
 def find_leftover(pid: int, create_time: float) -> psutil.Process | None:
-    """The process `pid` if it still exists and started at `create_time` (as `process_start_time`
+    """The process `pid` if it still exists and started at `create_time` (as `starts.start_time`
     gave it); None for a reused pid."""
     try:
         proc = psutil.Process(pid)  # psutil checks, when it signals, that the pid still names it
     except psutil.Error:
         return None
-    started = process_start_time(pid)
+    started = starts.start_time(pid)
     if started is None or abs(started - create_time) > CREATE_TIME_TOLERANCE:
         return None
     return proc

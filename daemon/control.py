@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import structlog
 
-from daemon import handoff, protocol, recovery
+from daemon import handoff, paths, protocol, recovery
 from daemon.errors import FredicaError, UnknownTask
 from daemon.store import db, restarts, runs, tasks
 from daemon.submission import parse_spec
@@ -238,7 +238,7 @@ class ControlServer:
         """Create the socket (listening, so clients queue while recovery runs); `serve` answers them."""
         directory = self.path.parent
         if not directory.exists():
-            directory.mkdir(mode=0o700, parents=True)
+            paths.private_dir(directory)
         elif stat.S_IMODE(directory.stat().st_mode) & 0o077:
             # Not fatal: the socket is 0600 and peers are checked. Changing the mode of a directory
             # the user chose (their home, /tmp) would be worse.

@@ -76,6 +76,8 @@ class IdleProcesses:
             # of its end, which is followed by its exit within milliseconds.
             if process.ending or not process.is_alive():
                 self._drop_dead(process)  # newer ones are taken first: it would stay forever
+            elif process.fork_each != self._spare_is_launcher:
+                pass  # of the other kind (a launcher a fresh-process task left): no spare
             elif process.awaiting_report:
                 ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
             else:

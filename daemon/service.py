@@ -34,14 +34,17 @@ class CannotStart(FredicaError):
 
 
 @contextlib.contextmanager
-def _starting(what: str) -> Iterator[None]:
-    """Turn what the system says about a step of the start into CannotStart("<what>: <why>")."""
+def _starting(what: str, *, database: Path | None = None) -> Iterator[None]:
+    """Turn what the system says about a step of the start into CannotStart("<what>: <why>");
+    a SQLite error is the database's, named by `database`."""
     try:
         yield
+    except sqlite3.Error as exc:
+        raise CannotStart(f"cannot open the database {database}: {exc}") from None
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise CannotStart(f"{what}: {why}" + (f" ({exc.filename})" if exc.filename else "")) from None
-    except (sqlite3.Error, ValueError) as exc:
+    except ValueError as exc:
         raise CannotStart(f"{what}: {exc}") from None
 
 
@@ -141,7 +144,7 @@ def _serve(settings: config.Settings) -> int:
         server.bind()
     try:
         notifier = Notifier()
-        with _starting(f"cannot open the database {settings.database}"):
+        with _starting("cannot start the supervisor", database=settings.database):
             supervisor = Supervisor(settings, notifier=notifier)
         handlers = control.Handlers(supervisor)
 

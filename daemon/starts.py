@@ -16,7 +16,7 @@ import sqlite3
 
 import psutil
 
-from daemon.store import db
+from daemon.store import boots
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
@@ -33,13 +33,7 @@ def anchor_to(conn: sqlite3.Connection) -> float:
     """Count starts from the boot time the database keeps for this boot (recorded now if it has
     none). The daemon calls it once, before it records or looks for any process."""
     global _boot_time
-    this_boot = boot_id()
-    with db.write(conn):
-        row = conn.execute("SELECT boot_time FROM boot WHERE boot_id = ?", (this_boot,)).fetchone()
-        if row is None:  # the first daemon on this database since the machine booted
-            row = (psutil.boot_time(),)
-            conn.execute("INSERT INTO boot (boot_id, boot_time) VALUES (?, ?)", (this_boot, row[0]))
-    _boot_time = float(row[0])
+    _boot_time = boots.boot_time(conn, boot_id(), psutil.boot_time())
     return _boot_time
 
 

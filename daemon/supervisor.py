@@ -115,11 +115,13 @@ class Supervisor:
         return self.call(lambda: self._cancel(target_id, self.clock()))
 
     def pause(self, task_id: str) -> Task:
-        """Pause a running, pausable task: clear its resume Event and record `is_paused`."""
+        """Pause a running, pausable task: command its process to clear its resume Event, and
+        record `is_paused`."""
         return self.call(lambda: self._set_paused(task_id, True, self.clock()))
 
     def resume(self, task_id: str) -> Task:
-        """Resume a paused task: set its resume Event and record `is_paused = 0`."""
+        """Resume a paused task: command its process to set its resume Event, and record
+        `is_paused = 0`."""
         return self.call(lambda: self._set_paused(task_id, False, self.clock()))
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -363,8 +365,7 @@ class Supervisor:
             # Died just now, or the task could not be sent: end the process, so that the loop
             # finds it gone and records the attempt as CRASHED rather than wait for it forever.
             rt.log.warning("executor_lost", pid=child.pid, error=f"{type(exc).__name__}: {exc}")
-            child.kill_tree()
-            child.process.kill()
+            child.kill()
             return
         rt.log.info(
             "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
@@ -439,8 +440,7 @@ class Supervisor:
         except Exception:
             rt.log.exception("executor_release_failed")
             with contextlib.suppress(Exception):
-                rt.child.kill_tree()
-                rt.child.process.kill()
+                rt.child.kill()
         self._note(recorded)
 
     def _note(self, recorded: outcomes.Recorded) -> None:

@@ -1,8 +1,11 @@
 """A task's status channel: both ends of the one-way pipe an attempt reports on.
 
-Each executor process gets its own pipe. A child killed in the middle of a write can therefore
-corrupt only its own channel, and a child that floods it blocks on the full pipe (backpressure)
-instead of growing the supervisor's memory.
+Each executor process gets its own pipe, which a launcher's forks share one after another (a
+launcher forks the next only once the last has exited, and ends what that one left running). A
+process killed in the middle of a write can corrupt only that pipe, which the supervisor then
+closes (or, for a launcher's fork, resynchronises after the fork's exit: `discard_partial`), and
+one that floods it blocks on the full pipe (backpressure) instead of growing the supervisor's
+memory.
 
 Framing is ours rather than `Connection.send`/`recv`: a 4-byte big-endian length, then the message
 as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
@@ -86,7 +89,7 @@ class StatusReader:
         self.broken = False  # closed because it failed, not because the writer was done
 
     def fileno(self) -> int:
-        """The fd to pass to `multiprocessing.connection.wait` (with the process sentinels)."""
+        """The fd the supervisor's loop waits on (daemon.pipes.ready), with the process sentinels."""
         return self._fd
 
     def drain(self, limit: int | None = None) -> list[dict[str, Any]]:

@@ -857,8 +857,7 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(waiting, signal.SIGKILL)
-        launcher.kill_tree()
-        launcher.process.kill()
+        launcher.kill()
         launcher.reap(5)
         launcher.close()
 
@@ -893,8 +892,7 @@ def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
     try:
         assert not sender.is_alive() and len(failed) == 1 and "read none of its task" in str(failed[0])
     finally:
-        process.kill_tree()
-        process.process.kill()
+        process.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(reader, signal.SIGCONT)  # a stopped process may not have died yet
         process.reap(5)

@@ -30,13 +30,13 @@ def keep_the_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_process_is_still_recognised_after_the_clock_steps(tmp_path: Path, sleeper, monkeypatch) -> None:
     conn = db.open_database(tmp_path / "fredica.db")
     starts.anchor_to(conn)
-    recorded = children.process_start_time(sleeper.pid)
+    recorded = starts.start_time(sleeper.pid)
     assert recorded == pytest.approx(psutil.Process(sleeper.pid).create_time(), abs=0.011)
     real = psutil.boot_time()
     monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real + 7.0)  # type: ignore[attr-defined]
     # psutil's own create_time has moved with the clock; ours has not.
     assert psutil.Process(sleeper.pid).create_time() == pytest.approx(recorded + 7.0, abs=0.011)
-    assert children.process_start_time(sleeper.pid) == recorded
+    assert starts.start_time(sleeper.pid) == recorded
     found = children.find_leftover(sleeper.pid, recorded)
     assert found is not None and found.pid == sleeper.pid
     # A daemon started after the step counts from the boot time its database kept for this boot.

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, handoff, models, outcomes, pool
+from daemon import children, handoff, models, outcomes, pool, starts
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
@@ -590,7 +590,7 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
     assert spare.fork_each
     waiting = spare.attempt_pid
-    waiting_since = children.process_start_time(waiting)
+    waiting_since = starts.start_time(waiting)
     first = wait_ended(sup, submit(sup, "STATE"))
     assert first.status is TaskStatus.COMPLETED
     # The fork that was waiting ran it, and is recorded as its executor process, start time included.
@@ -762,6 +762,18 @@ def test_a_process_runs_up_to_tasks_per_process_attempts(make_supervisor: Callab
     assert pids == [pids[0]] * 3 + [pids[3]] * 3 + [pids[6]] and len(set(pids)) == 3
     for pid in (pids[0], pids[3]):  # done with their three attempts: exited
         wait_for(lambda: ended_process(pid))
+
+
+def test_an_idle_launcher_does_not_count_as_the_spare_of_processes_that_run_several() -> None:
+    # With tasks_per_process > 1 the spare is a plain process; a launcher a fresh-process task
+    # left idle cannot take the next plain task.
+    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=False, settle_timeout=60)
+    try:
+        idle.put_back(children.start_process(children.make_context("forkserver"), fork_each=True))
+        idle.keep_a_spare()
+        assert sorted(p.fork_each for p in idle) == [False, True]
+    finally:
+        idle.dismiss_all()
 
 
 def test_a_task_that_needs_a_fresh_process_never_shares_one(make_supervisor: Callable[..., Supervisor]) -> None:
