@@ -21,7 +21,6 @@ import os
 import pickle
 import signal
 import time
-from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
@@ -287,7 +286,7 @@ class ExecutorProcess:
         """True while the executor process runs."""
         if self._closed:
             return False
-        if self.sentinel_exact and not pipes.ready([self.sentinel], 0):
+        if self.sentinel_exact and not channel.poll_now(self.sentinel):
             return True
         return self.process.is_alive()
 
@@ -296,7 +295,7 @@ class ExecutorProcess:
         """The exit status once ended: >= 0 an exit code, < 0 the signal that killed it."""
         if self._closed:
             return self._exitcode
-        if self.sentinel_exact and not pipes.ready([self.sentinel], 0):
+        if self.sentinel_exact and not channel.poll_now(self.sentinel):
             return None
         return self.process.exitcode
 
@@ -422,7 +421,7 @@ def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
         for message in launcher.reports.drain(1):
             if message.get("type") == "forked" and _is_int(message.get("pid")):
                 return message["pid"]
-        mp_connection.wait([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
+        pipes.ready([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
     launcher.dismiss()
     raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
 

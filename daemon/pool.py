@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
-from multiprocessing import connection as mp_connection
 from typing import Iterator
 
 import structlog
 
-from daemon import children
+from daemon import children, pipes
 
 log = structlog.get_logger("fredica.supervisor")
 # How long a dispatch may wait for a launcher to report its last fork's exit (normally about a
@@ -56,7 +55,7 @@ class IdleProcesses:
             recent = [p for p in self._processes if p.fork_each == launcher and self._age(p) < SETTLE_WAIT]
             if waited or not recent:
                 break
-            mp_connection.wait([p.reports for p in recent if p.reports is not None], SETTLE_WAIT)
+            pipes.ready([p.reports for p in recent if p.reports is not None], SETTLE_WAIT)
         return children.start_process(self._context, fork_each=launcher)
 
     def put_back(self, process: children.ExecutorProcess) -> None:

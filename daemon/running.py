@@ -11,8 +11,9 @@ from typing import Any
 
 import structlog
 
-from daemon import children, pipes
+from daemon import children
 from daemon.models import Task
+from executors import channel
 from executors.base import ExecuteResult, TaskExecutor
 
 log = structlog.get_logger("fredica.supervisor")
@@ -94,7 +95,7 @@ class RunningTask:
         """True once the executor process has ended and been reaped."""
         if not self.child.is_alive():
             return True
-        if not self.child.sentinel_exact and pipes.ready([self.child.sentinel], 0):
+        if not self.child.sentinel_exact and channel.poll_now(self.child.sentinel):
             # A spawned child's sentinel fires a moment before it can be reaped (it is still in its
             # exit path): wait for it here rather than spin the loop until then. A fork-server
             # child's fires only once it has been reaped, which is_alive has just said it has not.
