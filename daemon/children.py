@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 import psutil
 import structlog
 
-from daemon import paths, pipes, starts
+from daemon import paths, pipes, processes
 from executors import channel, endpoint, steering
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ FORKSERVER_PRELOAD = [
     "multiprocessing.synchronize",
 ]
 log = structlog.get_logger("fredica.supervisor")
-CREATE_TIME_TOLERANCE = 0.01  # a start is counted in clock ticks (1/100 s)
 SEND_STALL = 2.0  # seconds an executor process may read nothing of a task being sent to it
 
 ExecutorContext = ForkServerContext | SpawnContext
@@ -129,7 +128,7 @@ class ExecutorProcess:
         """The pid and start time of the process the next attempt will run in, to record first
         (a launcher's waiting fork is looked up with psutil: call it once per attempt)."""
         if self.fork_each and self.attempt_pid is not None:
-            return self.attempt_pid, starts.start_time(self.attempt_pid)
+            return self.attempt_pid, processes.start_time(self.attempt_pid)
         return self.pid, self.create_time
 
     def assign(
@@ -339,21 +338,21 @@ class ExecutorProcess:
     def _signal_tree(self, sig: signal.Signals) -> None:
         root = self._root()
         if root is not None:
-            for proc in descendants(root):
+            for proc in processes.descendants(root):
                 self._descendants.setdefault(proc.pid, proc)
         # Descendants seen earlier are signalled even if the root is gone: a grandchild that
         # ignored SIGTERM still gets the SIGKILL. psutil refuses to signal a reused pid.
         targets = [root] if root is not None else []
-        _send(sig, [*targets, *self._descendants.values()])
+        processes.send(sig, [*targets, *self._descendants.values()])
 
     def _root(self) -> psutil.Process | None:
         if self.fork_each:
             if self.attempt_process is None:
                 return None
             pid, create_time = self.attempt_process
-            return find_leftover(pid, create_time) if create_time is not None else None
+            return processes.find_leftover(pid, create_time) if create_time is not None else None
         if self.create_time is not None:
-            return find_leftover(self.pid, self.create_time)
+            return processes.find_leftover(self.pid, self.create_time)
         if self.is_alive():
             try:
                 return psutil.Process(self.pid)
@@ -403,7 +402,7 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         status=channel.StatusReader(status),
         control=control,
         pid=pid,
-        create_time=starts.start_time(pid),
+        create_time=processes.start_time(pid),
         assignments=assignments,
         reports=channel.StatusReader(reports) if reports is not None else None,
         sentinel_exact=isinstance(context, ForkServerContext),
@@ -440,49 +439,6 @@ def spawn(
 ) -> ExecutorProcess:
     """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
     return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True)
-
-
-def descendants(root: psutil.Process) -> list[psutil.Process]:
-    """Every descendant of `root`, collected before any of them is signalled: a parent that dies
-    first would leave its children reparented and out of reach of `children()`."""
-    try:
-        return root.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _send(sig: signal.Signals, procs: list[psutil.Process]) -> None:
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except psutil.Error:
-            pass  # already gone, or a reused pid psutil refuses to touch
-
-
-def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
-    """SIGTERM each root and its descendants, SIGKILL what is left after `grace`; how many there were.
-
-    For processes found again after a restart (no ExecutorProcess to steer them).
-    """
-    procs = {proc.pid: proc for root in roots for proc in (root, *descendants(root))}
-    _send(signal.SIGTERM, list(procs.values()))
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    _send(signal.SIGKILL, alive)
-    psutil.wait_procs(alive, timeout=grace)
-    return len(procs)
-
-
-def find_leftover(pid: int, create_time: float) -> psutil.Process | None:
-    """The process `pid` if it still exists and started at `create_time` (as `starts.start_time`
-    gave it); None for a reused pid."""
-    try:
-        proc = psutil.Process(pid)  # psutil checks, when it signals, that the pid still names it
-    except psutil.Error:
-        return None
-    started = starts.start_time(pid)
-    if started is None or abs(started - create_time) > CREATE_TIME_TOLERANCE:
-        return None
-    return proc
 
 
 def describe_exit(exitcode: int | None) -> str:

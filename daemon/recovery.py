@@ -25,7 +25,7 @@ import uuid
 
 import structlog
 
-from daemon import children
+from daemon import processes
 from daemon.errors import FredicaError
 from daemon.models import Task, TaskStatus
 from daemon.store import db, restarts, runs, tasks
@@ -53,11 +53,11 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
     leftovers = []
     for task in in_flight:
         if task.executor_pid is not None and task.executor_started_at is not None:
-            process = children.find_leftover(task.executor_pid, task.executor_started_at)
+            process = processes.find_leftover(task.executor_pid, task.executor_started_at)
             if process is not None:
                 leftovers.append(process)
                 log.warning("leftover_executor", task_id=task.id, run_id=task.workflow_run_id, pid=process.pid)
-    killed = children.end_process_trees(leftovers, kill_grace)
+    killed = processes.end_process_trees(leftovers, kill_grace)
     with db.write(conn):
         interrupted = tasks.fail_interrupted(conn, now=now)
         requeued = tasks.requeue_claimed(conn, now=now)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, dispatch, handoff, messages, models, outcomes, pipes, pool, starts, templates
+from daemon import children, dispatch, handoff, messages, models, outcomes, pipes, pool, processes, templates
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopHandoff
@@ -65,7 +65,7 @@ class Supervisor:
         self.settings = settings
         self.clock = clock
         self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
-        starts.anchor_to(self.conn)  # before any process start is recorded or looked for
+        processes.anchor_to(self.conn)  # before any process start is recorded or looked for
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
         templates.check_task_types(settings.templates, self.registry)
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]

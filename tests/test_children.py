@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from daemon import children, models, pipes
+from daemon import children, models, pipes, processes
 from executors import channel
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
@@ -428,13 +428,13 @@ def test_find_leftover_recognises_a_process_only_by_pid_and_start_time(launch: L
     child = launch("Hang", {"ready_file": str(ready)})
     wait_for(ready.exists)
     assert child.create_time is not None
-    found = children.find_leftover(child.pid, child.create_time)
+    found = processes.find_leftover(child.pid, child.create_time)
     assert found is not None and found.pid == child.pid
-    assert children.find_leftover(child.pid, child.create_time - 5) is None  # a reused pid
+    assert processes.find_leftover(child.pid, child.create_time - 5) is None  # a reused pid
     child.kill_tree()
     collect(child)
-    wait_for(lambda: children.find_leftover(child.pid, child.create_time or 0) is None)
-    assert children.find_leftover(2**22 + 12345, 0.0) is None  # beyond pid_max: never a process
+    wait_for(lambda: processes.find_leftover(child.pid, child.create_time or 0) is None)
+    assert processes.find_leftover(2**22 + 12345, 0.0) is None  # beyond pid_max: never a process
 
 
 # --- floods and broken channels ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import psutil
 import pytest
 
-from daemon import children, control, protocol, recovery
+from daemon import control, processes, protocol, recovery
 from daemon.errors import FredicaError
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
@@ -119,7 +119,7 @@ def test_a_reused_pid_is_never_touched(db_path: Path) -> None:
         real_start = psutil.Process(bystander.pid).create_time()
         # Recorded as the executor's pid, but with another start time: the pid was reused.
         tasks.start(conn, task_id, now=1.0, executor_pid=bystander.pid, executor_started_at=real_start - 100)
-        assert children.find_leftover(bystander.pid, real_start - 100) is None
+        assert processes.find_leftover(bystander.pid, real_start - 100) is None
         report = recovery.recover(conn, now=2.0, kill_grace=0.1)
         assert report.leftover_processes == 0 and report.interrupted == 1
         assert bystander.poll() is None

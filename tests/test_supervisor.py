@@ -15,7 +15,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, handoff, models, outcomes, pool, starts
+from daemon import children, handoff, models, outcomes, pool, processes
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
@@ -590,7 +590,7 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
     spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
     assert spare.fork_each
     waiting = spare.attempt_pid
-    waiting_since = starts.start_time(waiting)
+    waiting_since = processes.start_time(waiting)
     first = wait_ended(sup, submit(sup, "STATE"))
     assert first.status is TaskStatus.COMPLETED
     # The fork that was waiting ran it, and is recorded as its executor process, start time included.

@@ -1,4 +1,4 @@
-"""The boot time the process start times of each boot are counted from (daemon/starts.py)."""
+"""The boot time the process start times of each boot are counted from (daemon/processes.py)."""
 
 from __future__ import annotations
 

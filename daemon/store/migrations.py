@@ -171,7 +171,7 @@ DELAYED_RETRIES = Migration(
     ),
 )
 
-# 4: the boot time each boot's process start times are counted from (daemon/starts.py), kept so
+# 4: the boot time each boot's process start times are counted from (daemon/processes.py), kept so
 # that a change of the wall clock, or a restart of the daemon after one, moves none of them.
 BOOT_TIMES = Migration(
     4,

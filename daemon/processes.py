@@ -1,4 +1,6 @@
-"""When a process started, as a time that no change of the wall clock moves.
+"""Processes recognised by pid and start time (SPEC §9), and ended with their whole trees.
+
+A start is a time that no change of the wall clock moves.
 
 Executors are recognised by pid and start time (SPEC §9), long after the start was recorded:
 stop escalation, startup recovery. psutil's create_time() is the boot time as the kernel reckons
@@ -12,6 +14,7 @@ boot and database: the first one a daemon on that database read, kept in the dat
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 
 import psutil
@@ -19,6 +22,7 @@ import psutil
 from daemon.store import boots
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+START_TOLERANCE = 0.01  # a start is counted in clock ticks (1/100 s)
 
 _boot_time: float | None = None  # this boot's, as the database keeps it (anchor_to)
 
@@ -52,3 +56,46 @@ def start_time(pid: int) -> float | None:
     if _boot_time is None:  # no daemon anchored it (a test, a script): this process's first look
         _boot_time = psutil.boot_time()
     return _boot_time + ticks / TICKS_PER_SECOND
+
+
+def descendants(root: psutil.Process) -> list[psutil.Process]:
+    """Every descendant of `root`, collected before any of them is signalled: a parent that dies
+    first would leave its children reparented and out of reach of `children()`."""
+    try:
+        return root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def send(sig: signal.Signals, procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass  # already gone, or a reused pid psutil refuses to touch
+
+
+def end_process_trees(roots: list[psutil.Process], grace: float) -> int:
+    """SIGTERM each root and its descendants, SIGKILL what is left after `grace`; how many there were.
+
+    For processes found again after a restart (no ExecutorProcess to steer them).
+    """
+    procs = {proc.pid: proc for root in roots for proc in (root, *descendants(root))}
+    send(signal.SIGTERM, list(procs.values()))
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
+    send(signal.SIGKILL, alive)
+    psutil.wait_procs(alive, timeout=grace)
+    return len(procs)
+
+
+def find_leftover(pid: int, create_time: float) -> psutil.Process | None:
+    """The process `pid` if it still exists and started at `create_time` (as `start_time`
+    gave it); None for a reused pid."""
+    try:
+        proc = psutil.Process(pid)  # psutil checks, when it signals, that the pid still names it
+    except psutil.Error:
+        return None
+    started = start_time(pid)
+    if started is None or abs(started - create_time) > START_TOLERANCE:
+        return None
+    return proc
