@@ -1,5 +1,6 @@
 """What an attempt's status messages do to its task (SPEC §6-§7): progress, whether it can be
-paused, its own pause and resume requests, log lines, and its result.
+paused, its own pause and resume requests, log lines, and its result; and what a user's pause and
+resume do to it.
 
 Applied by the supervisor's loop, the database's one writer; executors only ever send messages.
 """
@@ -10,6 +11,8 @@ import sqlite3
 from typing import Any
 
 from daemon import running
+from daemon.errors import NotPausable
+from daemon.models import Task, TaskStatus
 from daemon.running import RunningTask
 from daemon.store import tasks
 from executors.base import ExecuteResult
@@ -50,6 +53,31 @@ def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], no
             rt.log.warning("unknown_executor_message", kind=str(kind))
     except (TypeError, ValueError, OverflowError) as exc:
         rt.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
+
+
+def pause_by_user(conn: sqlite3.Connection, task: Task, rt: RunningTask | None, paused: bool, now: float) -> Task:
+    """Pause (or resume) a running, pausable task for a user (SPEC §7): the command to its
+    process, then `is_paused`; NotPausable, changing nothing, when it cannot be."""
+    verb = "paused" if paused else "resumed"
+    if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
+        raise NotPausable(f"task {task.id} is {task.display_status}: only a running task can be {verb}")
+    if rt.finishing():
+        raise NotPausable(f"task {task.id} has just finished its attempt: it cannot be {verb}")
+    if paused:
+        if not task.is_pausable:
+            raise NotPausable(f"task {task.id} ({task.type}) cannot be paused")
+        if task.is_paused:
+            raise NotPausable(f"task {task.id} is already paused")
+        rt.child.pause()
+        mark_paused(conn, rt, now, by="user")
+        rt.log.info("task_paused", by="user")
+    else:
+        if not task.is_paused:
+            raise NotPausable(f"task {task.id} is not paused")
+        rt.child.resume()
+        mark_resumed(conn, rt, now)
+        rt.log.info("task_resumed", by="user")
+    return tasks.get(conn, task.id)
 
 
 def mark_paused(conn: sqlite3.Connection, rt: RunningTask, now: float, *, by: str) -> None:

@@ -22,14 +22,16 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import uuid
+from typing import Sequence
 
 import structlog
 
-from daemon import processes
+from daemon import outcomes, processes
 from daemon.errors import FredicaError
 from daemon.models import Task, TaskStatus
 from daemon.store import db, restarts, runs, tasks
 from daemon.submission import TaskSpec
+from executors.registry import Registry
 
 log = structlog.get_logger("fredica.recovery")
 
@@ -76,6 +78,16 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
     log.info("recovery_finished", **{f.name: getattr(report, f.name) for f in dataclasses.fields(report)
                                      if f.name != "interrupted_tasks"})
     return report
+
+
+def undo_interrupted(registry: Registry, interrupted: Sequence[Task]) -> None:
+    """Call the executors' on_task_failed for the tasks recovery failed as INTERRUPTED: a
+    permanent failure like any other (SPEC §8), whose side effects (a partial file) are theirs to
+    undo. Once recovery is committed, before the loop runs."""
+    for task in interrupted:
+        executor = registry.get(task.type)
+        if executor is not None:
+            outcomes.failure_hook(executor, task)()
 
 
 def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Submission:

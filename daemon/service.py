@@ -156,7 +156,7 @@ def _serve(settings: config.Settings) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
-        supervisor.after_recovery(report.interrupted_tasks)
+        recovery.undo_interrupted(supervisor.registry, report.interrupted_tasks)
 
         # Clients that connected during recovery are answered from now on: their requests must
         # wait for the loop below, never run on their own threads while it starts.

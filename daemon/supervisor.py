@@ -23,9 +23,9 @@ import structlog
 
 from daemon import children, dispatch, handoff, messages, models, outcomes, pipes, pool, processes, templates
 from daemon.config import Settings
-from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.errors import InvalidTransition, UnknownTask
 from daemon.handoff import LoopHandoff
-from daemon.models import Task, TaskStatus
+from daemon.models import Task
 from daemon.running import RunningTask
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
@@ -125,15 +125,6 @@ class Supervisor:
         return self.call(lambda: self._set_paused(task_id, False, self.clock()))
 
     # --- lifecycle ------------------------------------------------------------------------------
-
-    def after_recovery(self, interrupted: Sequence[Task]) -> None:
-        """Call the executors' on_task_failed for the tasks recovery failed as INTERRUPTED: a
-        permanent failure like any other (SPEC §8), whose side effects (a partial file) are theirs
-        to undo. Before the loop runs, on this thread."""
-        for task in interrupted:
-            executor = self.registry.get(task.type)
-            if executor is not None:
-                outcomes.failure_hook(executor, task)()
 
     def bind_loop_thread(self) -> None:
         """Say that this thread will call `run`: from now on a request from another thread waits
@@ -503,28 +494,7 @@ class Supervisor:
         rt.escalate(now, grace)
 
     def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
-        task = tasks.get(self.conn, task_id)
-        rt = self.running.get(task_id)
-        verb = "paused" if paused else "resumed"
-        if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
-            raise NotPausable(f"task {task_id} is {task.display_status}: only a running task can be {verb}")
-        if rt.finishing():
-            raise NotPausable(f"task {task_id} has just finished its attempt: it cannot be {verb}")
-        if paused:
-            if not task.is_pausable:
-                raise NotPausable(f"task {task_id} ({task.type}) cannot be paused")
-            if task.is_paused:
-                raise NotPausable(f"task {task_id} is already paused")
-            rt.child.pause()
-            messages.mark_paused(self.conn, rt, now, by="user")
-            rt.log.info("task_paused", by="user")
-        else:
-            if not task.is_paused:
-                raise NotPausable(f"task {task_id} is not paused")
-            rt.child.resume()
-            messages.mark_resumed(self.conn, rt, now)
-            rt.log.info("task_resumed", by="user")
-        return tasks.get(self.conn, task_id)
+        return messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), self.running.get(task_id), paused, now)
 
     # --- shutdown -------------------------------------------------------------------------------
 
