@@ -42,10 +42,8 @@ import dataclasses
 import fcntl
 import hashlib
 import http.client
-import ipaddress
 import os
 import re
-import socket
 import ssl
 import stat
 import threading
@@ -54,10 +52,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from daemon import models
-from executors import _process
+from executors import _http, _process
 from executors.base import ExecuteResult, TaskExecutor
 
 if TYPE_CHECKING:
@@ -71,8 +69,6 @@ RECONNECT_DELAYS = (0.0, 0.5, 1.0, 2.0, 4.0)  # one per consecutive failure with
 MAX_RETRY_AFTER = 30.0
 USER_AGENT = "fredica-worker DOWNLOAD (urllib)"
 TRANSIENT_HTTP = frozenset({408, 429}) | frozenset(range(500, 600))
-CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})  # lower case
-DEFAULT_PORTS = {"http": 80, "https": 443}
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)\s*$")
@@ -173,11 +169,10 @@ class PartFile:
 
     def load(self, ctx: TaskContext) -> bool:
         """Hash what earlier attempts wrote (new data is appended after it); False if cancelled."""
-        while block := os.read(self.fd, HASH_BLOCK):
-            if ctx.cancelled:
-                return False
-            self.hasher.update(block)
-            self.size += len(block)
+        loaded = _hash_blocks(lambda n: os.read(self.fd, n), self.hasher, ctx)
+        if loaded is None:
+            return False
+        self.size += loaded
         return True
 
     def truncate(self) -> None:
@@ -200,101 +195,6 @@ class PartFile:
         if remove:  # while still locked, so it cannot be another task's new .part
             self.path.unlink(missing_ok=True)
         os.close(self.fd)
-
-
-class _SocketTracker:
-    """Knows the socket of the current connection, so another thread can interrupt a blocked read."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-
-    def connection_class(self, base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
-        """`base` (HTTPConnection or HTTPSConnection), reporting each new socket to this tracker."""
-        tracker = self
-
-        class Tracked(base):  # type: ignore[valid-type, misc]
-            def connect(self) -> None:
-                super().connect()
-                with tracker._lock:
-                    tracker._sock = self.sock
-
-        return Tracked
-
-    def forget(self) -> None:
-        """Call before closing the response: the socket's fd is about to be released."""
-        with self._lock:
-            self._sock = None
-
-    def interrupt(self) -> None:
-        """Shut the connection down: a read blocked on it returns at once."""
-        with self._lock:
-            if self._sock is not None:
-                try:
-                    # The plain socket's shutdown, also for TLS: the SSL object's own state stays
-                    # untouched while the reading thread is inside it.
-                    socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-def _opener(url: str, tracker: _SocketTracker) -> urllib.request.OpenerDirector:
-    class HTTPHandler(urllib.request.HTTPHandler):
-        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(tracker.connection_class(http.client.HTTPConnection), req)
-
-    class HTTPSHandler(urllib.request.HTTPSHandler):
-        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            context = getattr(self, "_context", None)  # the handler's TLS settings, if any
-            return self.do_open(tracker.connection_class(http.client.HTTPSConnection), req, context=context)
-
-    handlers: list[urllib.request.BaseHandler] = [HTTPHandler(), HTTPSHandler(), _RedirectHandler()]
-    if _is_loopback(urllib.parse.urlsplit(url).hostname or ""):
-        handlers.append(urllib.request.ProxyHandler({}))  # a proxy cannot reach our own loopback
-    return urllib.request.build_opener(*handlers)
-
-
-class _RedirectHandler(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect, keeping the payload's credentials to the origin the payload names."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
-    ) -> urllib.request.Request | None:
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is None:
-            return None
-        source, target = _origin(req.full_url), _origin(new.full_url)
-        if target[0] not in DEFAULT_PORTS or (source[0], target[0]) == ("https", "http"):
-            fp.close()  # urllib closes it only when it follows the redirect
-            why = (
-                "https does not fall back to http; to accept clear text, give the http URL in the payload"
-                if target[0] == "http" else "only http and https are followed"
-            )
-            raise _Failure(
-                f"refused the redirect from {req.full_url} to {new.full_url}: {why}", models.PAYLOAD_ERROR, retry=False
-            )
-        if target != source:
-            # urllib copies every header to the new request; credentials are for the original origin.
-            for name in [n for n in new.headers if n.lower() in CREDENTIAL_HEADERS]:
-                del new.headers[name]
-        return new
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) of `url`; ("", "", None) if it cannot be parsed."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        scheme = parts.scheme.lower()
-        return scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme)
-    except ValueError:
-        return "", "", None
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -320,8 +220,8 @@ class _Transfer:
         self.part = part
         self.ctx = ctx
         self.total: int | None = None
-        self.tracker = _SocketTracker()
-        self.opener = _opener(spec.url, self.tracker)
+        self.tracker = _http.SocketTracker()
+        self.opener = _http.opener(spec.url, self.tracker)
         self._reported: tuple[int, float] = (-1, 0.0)
 
     def run(self) -> ExecuteResult | None:
@@ -376,6 +276,8 @@ class _Transfer:
         except urllib.error.HTTPError as exc:
             with exc:
                 return self._http_error(exc, offset)
+        except _http.RedirectRefused as exc:
+            raise _Failure(str(exc), models.PAYLOAD_ERROR, retry=False) from None
         except (http.client.InvalidURL, ValueError) as exc:
             raise _Failure(f"invalid url {self.spec.url!r}: {exc}", models.PAYLOAD_ERROR, retry=False) from None
         except urllib.error.URLError as exc:
@@ -574,11 +476,19 @@ def sha256_of(path: Path, ctx: TaskContext) -> str | None:
     """The hex sha256 of a file's content; None if the task is cancelled meanwhile."""
     hasher = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            if ctx.cancelled:
-                return None
-            hasher.update(block)
-    return hasher.hexdigest()
+        return None if _hash_blocks(f.read, hasher, ctx) is None else hasher.hexdigest()
+
+
+def _hash_blocks(read: Callable[[int], bytes], hasher: Any, ctx: TaskContext) -> int | None:
+    """Feed `hasher` what `read` gives, a block at a time, to the end; how many bytes, or None if
+    the task is cancelled meanwhile (a large file takes a while)."""
+    total = 0
+    while block := read(HASH_BLOCK):
+        if ctx.cancelled:
+            return None
+        hasher.update(block)
+        total += len(block)
+    return total
 
 
 def _fsync_dir(directory: Path) -> None:
