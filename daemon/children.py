@@ -283,27 +283,27 @@ class ExecutorProcess:
 
     def is_alive(self) -> bool:
         """True while the executor process runs."""
-        if self._closed:
-            return False
-        if self.sentinel_exact and not channel.poll_now(self.sentinel):
-            return True
-        return self.process.is_alive()
+        return self.exitcode is None
 
     @property
     def exitcode(self) -> int | None:
         """The exit status once ended: >= 0 an exit code, < 0 the signal that killed it."""
-        if self._closed:
+        # Kept once known: reaping reads the status out of a fork-server child's sentinel, which
+        # is then not readable again until the fork server closes its end (under load, later).
+        if self._closed or self._exitcode is not None:
             return self._exitcode
         if self.sentinel_exact and not channel.poll_now(self.sentinel):
             return None
-        return self.process.exitcode
+        self._exitcode = self.process.exitcode
+        return self._exitcode
 
     def reap(self, timeout: float | None = 0.0) -> int | None:
         """Wait up to `timeout` for the process to end; its exit status, or None if still running."""
-        if self._closed:
+        if self._closed or self._exitcode is not None:
             return self._exitcode
         self.process.join(timeout)
-        return self.process.exitcode
+        self._exitcode = self.process.exitcode
+        return self._exitcode
 
     def terminate_tree(self) -> None:
         """SIGTERM the executor process and all its descendants."""
