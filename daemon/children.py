@@ -9,8 +9,8 @@ of a small, warm server that has already imported the executor machinery, which 
 connection). "fork" is refused for that reason, and because a forked child would inherit every
 other task's pipes.
 
-Processes are found again by pid *and* start time (psutil), so a reused pid is never mistaken for
-an executor.
+Processes are found again by pid *and* start time (daemon/processes.py), so a reused pid is never
+mistaken for an executor.
 """
 
 from __future__ import annotations

@@ -209,22 +209,20 @@ def load_for_client(explicit: str | Path | None = None, env: Mapping[str, str] |
     the directories systemd gives the daemon:
 
     - a config may name them ($STATE_DIRECTORY, $RUNTIME_DIRECTORY, as config.example.toml
-      does): where unset they are the system service's for the system config, else the user
-      service's (which are the XDG defaults);
-    - with no config, and no daemon socket where the defaults put it, the system service's
-      directories are used if its socket is there: `sudo -u fredica fredica status` finds it.
+      does): where unset they are the user service's (the XDG defaults), or the system
+      service's for the system config;
+    - with no daemon socket where the config (or its absence) puts it, the system service's
+      directories are used if its socket is there: `sudo -u fredica fredica status` finds it,
+      and a daemon run by hand on the same config is still found first.
     """
     env = os.environ if env is None else env
     path = config_path(explicit, env)
-    if path is not None:
-        if Path(path).resolve() == SYSTEM_CONFIG.resolve():
-            service = SYSTEM_SERVICE_ENV
-        else:
-            service = {"STATE_DIRECTORY": str(_state_dir(env)), "RUNTIME_DIRECTORY": str(_runtime_dir(env))}
-        return load(path, {**service, **env})
-    settings = Settings.defaults(env)
-    if not os.path.exists(settings.socket):
-        system = Settings.defaults(SYSTEM_SERVICE_ENV)
+    system_config = path is not None and Path(path).resolve() == SYSTEM_CONFIG.resolve()
+    as_by_hand = {"STATE_DIRECTORY": str(_state_dir(env)), "RUNTIME_DIRECTORY": str(_runtime_dir(env)), **env}
+    settings = load(path, as_by_hand) if path is not None else Settings.defaults(env)
+    if (path is None or system_config) and not os.path.exists(settings.socket):
+        as_service = {**SYSTEM_SERVICE_ENV, **env}
+        system = load(path, as_service) if path is not None else Settings.defaults(as_service)
         if os.path.exists(system.socket):  # False, not an error, where we may not look
             return system
     return settings

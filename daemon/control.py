@@ -198,11 +198,12 @@ def _check_argument_types(op: str, args: dict[str, Any]) -> None:
 
 
 def _still_connected(conn: socket.socket) -> bool:
-    """Whether the client is still there, waiting for its answer: not if it has closed its end
-    (it gave up). A poll, never a read: the socket has a timeout, and a read would wait it out."""
+    """Whether the client is still there, waiting for its answer: not if it has closed its socket
+    (it gave up). One that only shut down its sending side (socat, `nc -N`) still reads the
+    answer. A poll, never a read: the socket has a timeout, and a read would wait it out."""
     poller = select.poll()
-    poller.register(conn.fileno(), select.POLLRDHUP)
-    return not any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
+    poller.register(conn.fileno(), 0)  # POLLHUP and POLLERR are always reported
+    return not any(mask & (select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
 
 
 def _answers(path: Path) -> bool:

@@ -1,8 +1,7 @@
 """Processes recognised by pid and start time (SPEC §9), and ended with their whole trees.
 
-A start is a time that no change of the wall clock moves.
-
-Executors are recognised by pid and start time (SPEC §9), long after the start was recorded:
+A start is a time that no change of the wall clock moves. Executors are recognised long after
+their start was recorded:
 stop escalation, startup recovery. psutil's create_time() is the boot time as the kernel reckons
 it *now* plus the clock ticks from boot to the start, so stepping the wall clock (an NTP
 correction soon after boot, `date -s`) moves every process's create_time by the step, and a
@@ -68,6 +67,7 @@ def descendants(root: psutil.Process) -> list[psutil.Process]:
 
 
 def send(sig: signal.Signals, procs: list[psutil.Process]) -> None:
+    """Signal each process; one already gone, or whose pid now names another, is skipped."""
     for proc in procs:
         try:
             proc.send_signal(sig)

@@ -13,6 +13,8 @@ Rules, in order, before the daemon answers any request or claims anything:
    does not touch them, so there is nothing to review.
 5. Active tasks whose workflow run does not exist → failed (ORPHANED).
 6. Every non-terminal run is recomputed from its tasks.
+7. Once that is committed, the executors' `on_task_failed` runs for the tasks failed in step 3
+   (`undo_interrupted`): a permanent failure like any other, whose side effects are theirs to undo.
 
 Steps 3 to 6 are one transaction: a crash during recovery leaves the database as it was.
 """

@@ -36,10 +36,12 @@ class CannotStart(FredicaError):
 @contextlib.contextmanager
 def _starting(what: str, *, database: Path | None = None) -> Iterator[None]:
     """Turn what the system says about a step of the start into CannotStart("<what>: <why>");
-    a SQLite error is the database's, named by `database`."""
+    for a step that opens the database, a SQLite error says so, naming `database`."""
     try:
         yield
     except sqlite3.Error as exc:
+        if database is None:
+            raise CannotStart(f"{what}: {exc}") from None
         raise CannotStart(f"cannot open the database {database}: {exc}") from None
     except OSError as exc:
         why = exc.strerror or str(exc)

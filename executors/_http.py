@@ -56,6 +56,7 @@ class SocketTracker:
 
 
 def opener(url: str, tracker: SocketTracker) -> urllib.request.OpenerDirector:
+    """A urllib opener for `url` whose connections `tracker` can interrupt, with our redirects."""
     class HTTPHandler(urllib.request.HTTPHandler):
         def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(tracker.connection_class(http.client.HTTPConnection), req)

@@ -1,7 +1,8 @@
 """Processes bound to their parent: a child that dies with it (Linux's PR_SET_PDEATHSIG), used by
 a launcher's forks and by the commands the built-in executors start, so that neither runs on
-unsupervised; and an attempt's process that adopts what its descendants orphan
-(PR_SET_CHILD_SUBREAPER), so that nothing an attempt started outlives it."""
+unsupervised; and a process that runs attempts, which adopts what its descendants orphan
+(PR_SET_CHILD_SUBREAPER), so that nothing they started outlives it (a launcher's fork ends what
+its attempt left before it reports; a process that runs several attempts, when it exits)."""
 
 from __future__ import annotations
 

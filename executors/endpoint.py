@@ -323,8 +323,8 @@ def _run_attempt(
         f"task {task.id} ({task.type}) attempt {task.retry_count + 1} started in pid {os.getpid()} with {executor_ref}",
     )
     message = result_message(_execute(task, executor_ref, ctx, output))
-    # Nothing the attempt started may outlive it, not even what detached itself (adopt_orphans):
-    # once the supervisor has its result, the task is over.
+    # In a fork of its own, nothing the attempt started may outlive it, not even what detached
+    # itself (adopt_orphans): once the supervisor has its result, the task is over.
     left = end_leftovers() if end_leftovers_first else []
     if left:
         output.line("WARNING", f"ended {len(left)} processes the task left running: {', '.join(map(str, left))}")

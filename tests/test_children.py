@@ -774,6 +774,21 @@ def test_what_a_crashed_attempt_left_running_is_ended_before_the_next_attempt(
     assert [m["type"] for m in read_until(launcher, "exited")] == ["result", "exited"]
 
 
+def test_a_reaped_process_is_not_alive_before_the_fork_server_closes_its_sentinel(
+    forkserver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reaping reads the exit status out of a fork-server child's sentinel, which is readable
+    # again only once the fork server has closed its end: under load, a while later.
+    process = children.start_process(forkserver)
+    try:
+        process.process.kill()
+        assert process.reap(10) == -signal.SIGKILL
+        monkeypatch.setattr(children.channel, "poll_now", lambda fd: 0)  # not closed yet
+        assert not process.is_alive() and process.exitcode == -signal.SIGKILL
+    finally:
+        process.close()
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:

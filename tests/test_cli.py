@@ -652,12 +652,18 @@ def test_a_config_naming_systemds_directories_works_from_a_shell(tmp_path, monke
     monkeypatch.setattr(config, "SYSTEM_SERVICE_ENV", service)
     if system:
         monkeypatch.setattr(config, "SYSTEM_CONFIG", config_file)
-    settings = config.load_for_client(config_file)
+    # A daemon run by hand on it (or the user service): ~/.local/state/fredica, $XDG_RUNTIME_DIR/fredica.
+    by_hand = config.load_for_client(config_file)
+    assert by_hand.socket == tmp_path / "xdg-run" / "fredica" / "control.sock"
+    assert by_hand.log_dir == tmp_path / "home" / ".local" / "state" / "fredica" / "logs"
+    # The system service is running on the system config: its socket is found.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "control.sock").touch()
+    found = config.load_for_client(config_file)
     if system:
-        assert settings.socket == tmp_path / "run" / "control.sock" and settings.log_dir == tmp_path / "lib" / "logs"
-    else:  # the user service's: ~/.local/state/fredica and $XDG_RUNTIME_DIR/fredica
-        assert settings.socket == tmp_path / "xdg-run" / "fredica" / "control.sock"
-        assert settings.log_dir == tmp_path / "home" / ".local" / "state" / "fredica" / "logs"
+        assert found.socket == tmp_path / "run" / "control.sock" and found.log_dir == tmp_path / "lib" / "logs"
+    else:  # a user's own config never leads to the system service
+        assert found == by_hand
 
 
 def test_with_no_config_the_system_services_socket_is_found(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import psutil
 import pytest
 
-from daemon import control, processes, protocol, recovery
+from daemon import client, control, processes, protocol, recovery, supervisor
 from daemon.errors import FredicaError
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
@@ -348,10 +348,18 @@ def test_a_client_that_closed_its_end_is_seen_gone() -> None:
     ours, theirs = socket.socketpair()
     try:
         assert control._still_connected(ours)  # waiting for its answer
+        theirs.shutdown(socket.SHUT_WR)  # done sending (socat, nc -N): it still reads the answer
+        assert control._still_connected(ours)
         theirs.close()
         assert not control._still_connected(ours)
     finally:
         ours.close()
+
+
+def test_a_busy_daemon_answers_before_its_client_gives_up() -> None:
+    # A request waits for the loop at most CALL_TIMEOUT; the client must still be listening then,
+    # to hear "nothing was done" rather than time out not knowing.
+    assert supervisor.CALL_TIMEOUT < client.Client("unused").timeout
 
 
 def test_every_operation_has_a_handler_whose_arguments_are_checked() -> None:
@@ -406,14 +414,14 @@ def test_at_most_max_clients_are_served_at_once(tmp_path: Path, monkeypatch: pyt
     clients = [threading.Thread(target=lambda: replies.append(raw_exchange(server.path, frame(b'{"v": 1, "op": "status"}'))))
                for _ in range(3)]
     try:
-        for client in clients:
-            client.start()
+        for thread in clients:
+            thread.start()
         wait_for(lambda: len(entered) == 2)
         # Both slots are taken: the third client waits in the listen backlog, not in a thread.
         assert server._slots._value == 0 and len(entered) == 2  # type: ignore[attr-defined]
         release.set()
-        for client in clients:
-            client.join(30)
+        for thread in clients:
+            thread.join(30)
         assert len(entered) == 3 and [r["ok"] for r in replies] == [True] * 3
     finally:
         release.set()
