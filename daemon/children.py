@@ -126,10 +126,14 @@ class ExecutorProcess:
 
     def next_attempt_process(self) -> tuple[int, float | None]:
         """The pid and start time of the process the next attempt will run in, to record first
-        (a launcher's waiting fork is looked up with psutil: call it once per attempt)."""
-        if self.fork_each and self.attempt_pid is not None:
-            return self.attempt_pid, processes.start_time(self.attempt_pid)
-        return self.pid, self.create_time
+        (a launcher's waiting fork: its start is read from /proc, once per attempt). OSError for
+        a launcher with no waiting fork: recording the launcher instead would have a stop end
+        its whole tree."""
+        if not self.fork_each:
+            return self.pid, self.create_time
+        if self.attempt_pid is None:
+            raise OSError(f"executor launcher {self.pid} has no fork waiting for a task")
+        return self.attempt_pid, processes.start_time(self.attempt_pid)
 
     def assign(
         self,

@@ -325,8 +325,8 @@ class Supervisor:
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
         # never runs unrecorded, and never twice.
         # For a launcher, its waiting fork: the process recovery must find is the one that runs it.
-        pid, pid_started = child.next_attempt_process()
         try:
+            pid, pid_started = child.next_attempt_process()
             started = tasks.start(
                 self.conn,
                 task.id,

@@ -789,6 +789,16 @@ def test_a_reaped_process_is_not_alive_before_the_fork_server_closes_its_sentine
         process.close()
 
 
+def test_a_launcher_with_no_waiting_fork_names_no_process_for_an_attempt(launcher: children.ExecutorProcess) -> None:
+    # Recording the launcher itself as the attempt's process would have a stop end the launcher.
+    waiting = launcher.attempt_pid
+    assert launcher.next_attempt_process()[0] == waiting != launcher.pid
+    launcher.attempt_pid = None  # as after its waiting fork died: it is ending
+    with pytest.raises(OSError, match="no fork waiting"):
+        launcher.next_attempt_process()
+    launcher.attempt_pid = waiting
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:
