@@ -167,14 +167,20 @@ def _read_batch(stream: Any) -> list[dict[str, Any]]:
     """The task specs of a JSON-lines batch; refuses the whole batch, naming the line, if one is bad."""
     from daemon import submission
 
+    try:
+        text = stream.read()
+    except UnicodeDecodeError as exc:
+        raise FredicaError(f"the batch is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     specs = []
-    for number, line in enumerate(stream, 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             spec = json.loads(line)
         except ValueError as exc:
             raise FredicaError(f"batch line {number} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise FredicaError(f"batch line {number} is nested too deeply") from None
         if not isinstance(spec, dict):
             raise FredicaError(f"batch line {number} is not a JSON object")
         try:
@@ -227,7 +233,11 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
 
         specs = [_spec_from_options(task_type, options)]
         submission.parse_spec(specs[0])
-    reply = call("submit", tasks=specs)
+    _echo_submitted(call("submit", tasks=specs))
+
+
+def _echo_submitted(reply: dict[str, Any]) -> None:
+    """Each task's id on stdout; on stderr, a note for each that was already active."""
     for task in reply.get("tasks", []):
         click.echo(task["id"])
         if not task.get("created", True):
@@ -262,7 +272,14 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
     TEMPLATE names a [templates.NAME] table of the daemon's config.
     """
     reply = call("run", template=template, material_id=material_id, params=params)
-    click.echo(reply["run_id"])
+    if reply.get("run_id") is not None:
+        click.echo(reply["run_id"])
+        for task in reply.get("tasks", []):
+            if not task.get("created", True):
+                click.echo(f"task {task['id']} already active with idempotency key (not submitted again)", err=True)
+    else:  # every task of it was already active: there is no new run, only those tasks
+        click.echo("no new run: every task of it is already active (idempotency keys)", err=True)
+        _echo_submitted(reply)
 
 
 @command(main, "ls")

@@ -43,7 +43,9 @@ def prepare(conn: sqlite3.Connection, registry: Registry, task: Task, now: float
         return Recorded("failed")
     upstream = tasks.results_of(conn, task.depends_on)
     try:
-        resolved = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
+        resolved = task
+        if task.payload_refs:  # a template's task: only there is "{@0.output}" a placeholder
+            resolved = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
     except SubmissionRefused as exc:
         tasks.fail(conn, task.id, error=exc.message, error_type=models.PAYLOAD_ERROR, now=now, known=task)
         bound.warning("task_failed", error_type=models.PAYLOAD_ERROR, error=exc.message)

@@ -106,6 +106,7 @@ class Task:
     started_at: float | None
     completed_at: float | None
     heartbeat_at: float | None
+    payload_refs: bool = False  # the payload names dependencies' results, filled in at dispatch
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Task":
@@ -138,6 +139,7 @@ class Task:
             started_at=row["started_at"],
             completed_at=row["completed_at"],
             heartbeat_at=row["heartbeat_at"],
+            payload_refs=bool(row["payload_refs"]),
         )
 
     @property

@@ -131,6 +131,7 @@ def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Su
                 material_id=t.material_id,
                 timeout=t.timeout,
                 key=t.id,
+                payload_refs=t.payload_refs,
             )
             for t in included
         ]

@@ -46,6 +46,9 @@ class TaskSpec:
     timeout: float | None = None
     key: str | None = None
     id: str | None = None
+    # Set by templates only, never from a request: the payload names dependencies' results by
+    # position ("{@0.output}", braces of its own doubled), to fill in at dispatch.
+    payload_refs: bool = False
 
 
 def _int(value: Any, name: str, low: int, high: int) -> int:
@@ -98,9 +101,12 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise SubmissionRefused("timeout must be a number of seconds")
+        try:
+            timeout = float(timeout)  # an integer too large for a float raises here
+        except OverflowError:
+            raise SubmissionRefused("timeout is too large") from None
         if not (math.isfinite(timeout) and timeout > 0):
             raise SubmissionRefused("timeout must be a positive number of seconds")
-        timeout = float(timeout)
     task_id = _optional_text(data.get("id"), "id")
     if task_id is not None:
         try:

@@ -72,12 +72,14 @@ class Template:
             deps = list(t.spec.depends_on)
             fill = lambda text, deps=deps: _fill_params(text, params, deps)  # noqa: E731
             payload = _map_strings(t.spec.payload, fill)
-            if not any(p.startswith("@") for p in placeholders(payload)):
+            refs = any(p.startswith("@") for p in placeholders(payload))
+            if not refs:
                 payload = _map_strings(payload, _unescape)  # nothing left for dispatch to fill
             key = t.spec.idempotency_key
             specs.append(
                 dataclasses.replace(
-                    t.spec, key=t.name, payload=payload, idempotency_key=_unescape(fill(key)) if key else None
+                    t.spec, key=t.name, payload=payload, idempotency_key=_unescape(fill(key)) if key else None,
+                    payload_refs=refs,
                 )
             )
         return specs
@@ -201,11 +203,20 @@ def parse(name: str, body: Any) -> Template:
             raise TemplateError(f"{where}, task {task_name}: {exc.message}") from None
         if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
             raise TemplateError(f"{where}, task {task_name}: depends_on must be a list of task names")
+        if len(set(deps)) != len(deps):
+            raise TemplateError(f"{where}, task {task_name}: depends_on names a task twice")
         for dep in deps:
             if dep not in raw_tasks:
                 raise TemplateError(f"{where}, task {task_name}: depends on unknown task {dep!r}")
             if dep == task_name:
                 raise TemplateError(f"{where}, task {task_name}: depends on itself")
+        for placeholder in placeholders(spec.idempotency_key or ""):
+            if "." in placeholder:
+                # Filled only at dispatch: every run would share the key's unfilled text.
+                raise TemplateError(
+                    f"{where}, task {task_name}: idempotency_key cannot use {{{placeholder}}}: "
+                    "the key must be known when the run is submitted (use parameters)"
+                )
         for placeholder in placeholders([spec.payload, spec.idempotency_key or ""]):
             head, dot, _ = placeholder.partition(".")
             if placeholder.startswith("@"):

@@ -269,6 +269,30 @@ def test_a_bad_batch_line_refuses_the_whole_batch_naming_the_line(fake, fredica,
     assert fake.requests == []
 
 
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        (b'{"type": "A"}\n{"type": "B", "payload": {"name": "\xff"}}\n', "the batch is not UTF-8 text"),
+        (b'{"type": "A"}\n' + b"[" * 5000 + b"]" * 5000 + b"\n", "batch line 2 is nested too deeply"),
+    ],
+)
+def test_a_batch_that_is_not_json_text_is_one_clear_error(fake, fredica, tmp_path, batch, message):
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(batch)
+    result = fredica("submit", "--batch", str(path))
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
+    assert fake.requests == []
+
+
+def test_run_of_tasks_all_already_active_prints_their_ids(fake, fredica):
+    # No new run was made: each task is an active one with the same idempotency key.
+    fake.handlers["run"] = {"run_id": None, "tasks": [{"id": ID_A, "created": False}]}
+    result = fredica("run", "dl_and_mp4")
+    assert (result.exit_code, result.stdout) == (0, f"{ID_A}\n")
+    assert "no new run" in result.stderr and f"task {ID_A} already active" in result.stderr
+
+
 def test_an_empty_batch_is_refused(fake, fredica):
     result = fredica("submit", "--batch", "-", input="\n\n")
     assert result.exit_code == 1

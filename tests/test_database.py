@@ -218,6 +218,33 @@ def test_version_1_database_with_duplicate_active_keys_is_upgraded(db_path: Path
         upgraded.close()
 
 
+def test_active_template_tasks_keep_their_placeholders_filled_after_migration_5(db_path: Path) -> None:
+    # Before 5 every payload was searched for "{@N.field}" at dispatch; an active task that may
+    # come from a template keeps that, other tasks' text is left alone from now on.
+    conn = db.connect(db_path)
+    migrations.migrate(conn, target=4)
+    conn.execute("INSERT INTO workflow_run (id, template, created_at) VALUES ('r', 't', 0)")
+    rows = [
+        ("templated", "pending", '["up"]', '{"input": "{@0.output}"}'),
+        ("finished", "completed", '["up"]', '{"input": "{@0.output}"}'),
+        ("no_deps", "pending", "[]", '{"text": "{@0.x}"}'),
+        ("plain", "pending", '["up"]', '{"url": "http://a"}'),
+    ]
+    for task_id, status, depends_on, payload in rows:
+        conn.execute(
+            """INSERT INTO task (id, type, workflow_run_id, status, depends_on, payload, created_at)
+               VALUES (?, 'ECHO', 'r', ?, ?, ?, 0)""",
+            (task_id, status, depends_on, payload),
+        )
+    conn.close()
+    upgraded = db.open_database(db_path)
+    try:
+        refs = {t.id: t.payload_refs for t in tasks.list_tasks(upgraded)}
+        assert refs == {"templated": True, "finished": False, "no_deps": False, "plain": False}
+    finally:
+        upgraded.close()
+
+
 def test_failed_migration_leaves_the_previous_version(db_path: Path) -> None:
     # A table in the way of migration 2 makes it fail part-way: nothing of it may remain.
     conn = db.connect(db_path)

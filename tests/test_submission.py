@@ -91,6 +91,7 @@ REFUSED_BATCHES: dict[str, tuple[str, list[Any]]] = {
     "max_retries too high": ("max_retries must be between", [{"type": "T", "max_retries": MAX_RETRIES + 1}]),
     "timeout is zero": ("timeout must be a positive", [{"type": "T", "timeout": 0}]),
     "timeout is a bool": ("timeout must be a number", [{"type": "T", "timeout": True}]),
+    "timeout beyond a float": ("timeout is too large", [{"type": "T", "timeout": 10**400}]),
     # shape
     "unknown field": ("unknown field", [{"type": "T", "prio": 1}]),
     "missing type": ("type must be", [{"payload": {}}]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import contextlib
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -529,7 +530,9 @@ def test_a_skipped_tasks_result_carries_what_its_dependents_read(
     output.write_text("made before")
     skipped, dependent, broken = sup.submit([
         parse_spec({"type": "SKIP_IF_EXISTS", "key": "a", "payload": {"output": str(output), "skipped_result": True}}),
-        parse_spec({"type": "ECHO", "depends_on": ["a"], "payload": {"input": "{@0.made}"}}),
+        # As a template's task names its dependency's result (templates.instantiate).
+        dataclasses.replace(parse_spec({"type": "ECHO", "depends_on": ["a"], "payload": {"input": "{@0.made}"}}),
+                            payload_refs=True),
         parse_spec({"type": "SKIP_IF_EXISTS", "payload": {"output": str(output), "skipped_result": "broken"}}),
     ]).tasks
     assert wait_ended(sup, skipped.id).result == {"made": str(output), "skipped": True}
@@ -537,6 +540,18 @@ def test_a_skipped_tasks_result_carries_what_its_dependents_read(
     assert echoed.status is TaskStatus.COMPLETED and echoed.result["echo"] == {"input": str(output)}
     # A result that cannot be stored (NaN): skipped all the same, with SPEC §6's bare result.
     assert wait_ended(sup, broken.id).result == {"skipped": True}
+
+
+def test_a_payload_of_its_own_is_never_read_for_placeholders(make_supervisor: Callable[..., Supervisor]) -> None:
+    # "{@0.x}" names a dependency's result only in a template's task: submitted as it is, it is
+    # text like any other (it used to fail at dispatch, or read the dependency's result).
+    sup = make_supervisor()
+    upstream, task = sup.submit([
+        parse_spec({"type": "ECHO", "key": "a", "payload": {"secret": "s3cret"}}),
+        parse_spec({"type": "ECHO", "depends_on": ["a"], "payload": {"text": "{@0.echo.secret} and {{x}}"}}),
+    ]).tasks
+    done = wait_ended(sup, task.id)
+    assert done.status is TaskStatus.COMPLETED and done.result["echo"] == {"text": "{@0.echo.secret} and {{x}}"}
 
 
 def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:

@@ -48,6 +48,38 @@ def test_instantiate_fills_params_and_orders_dependencies_first() -> None:
 def test_a_param_value_with_braces_stays_literal() -> None:
     first, second = parse(PIPELINE)["echo_chain"].instantiate({"word": "{evil}"})
     assert first.payload["word"] == "{evil}!"
+    # Only a task whose payload still names an upstream result is resolved at dispatch.
+    assert not first.payload_refs and second.payload_refs
+
+
+def test_a_param_value_cannot_name_an_upstream_result() -> None:
+    template = parse(PIPELINE + '\n[templates.echo_chain.tasks.third]\ntype = "ECHO"\ndepends_on = ["first"]\n'
+                     'payload = { title = "{word}", quoted = "{first.echo.word}" }\n')["echo_chain"]
+    third = template.instantiate({"word": "{@0.echo.secret}"})[2]
+    resolved = templates.resolve_results(third.payload, ["t0"], {"t0": {"echo": {"word": "w", "secret": "TOKEN"}}})
+    assert resolved == {"title": "{@0.echo.secret}", "quoted": "w"}
+
+
+def test_dependencies_keep_their_positions_when_two_are_one_task(tmp_path: Path) -> None:
+    # Two template tasks with one idempotency key are one task: the dependent's "{b.out}" must
+    # still name the second of its dependencies.
+    from daemon.store import db, tasks
+
+    text = (
+        '[templates.t.tasks.a]\ntype = "ECHO"\nidempotency_key = "same"\n'
+        '[templates.t.tasks.b]\ntype = "ECHO"\nidempotency_key = "same"\n'
+        '[templates.t.tasks.c]\ntype = "ECHO"\ndepends_on = ["a", "b"]\npayload = { x = "{b.echo}" }\n'
+    )
+    specs = parse(text)["t"].instantiate({})
+    conn = db.open_database(tmp_path / "fredica.db")
+    a, b, c = tasks.submit(conn, specs, now=1.0).tasks
+    assert a.id == b.id and not b.created
+    stored = tasks.get(conn, c.id)
+    assert stored.depends_on == (a.id, a.id) and stored.payload == {"x": "{@1.echo}"}
+    assert templates.resolve_results(stored.payload, stored.depends_on, {a.id: {"echo": 7}}) == {"x": 7}
+    unmet = conn.execute("SELECT unmet_deps FROM task WHERE id = ?", (c.id,)).fetchone()[0]
+    assert unmet == 1  # one task to wait for, however often it is named
+    conn.close()
 
 
 def test_missing_and_unknown_params_are_refused() -> None:
@@ -81,6 +113,10 @@ def test_resolve_results_at_dispatch() -> None:
         ('[templates.t.tasks.a]\ntype = "ECHO"\nprioirty = 3\n', "unknown key(s) prioirty"),
         ('[templates.t.tasks.a]\ntype = "ECHO"\npriority = "high"\n', "priority must be an integer"),
         ("[templates.t]\nparams = []\n", "template t has no tasks"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\n[templates.t.tasks.b]\ntype = "ECHO"\ndepends_on = ["a"]\n'
+         'idempotency_key = "k-{a.out}"\n', "idempotency_key cannot use {a.out}"),
+        ('[templates.t.tasks.a]\ntype = "ECHO"\n[templates.t.tasks.b]\ntype = "ECHO"\ndepends_on = ["a", "a"]\n',
+         "depends_on names a task twice"),
     ],
 )
 def test_invalid_templates_are_refused_at_load(tmp_path: Path, text: str, message: str) -> None:

@@ -179,7 +179,21 @@ BOOT_TIMES = Migration(
     ("CREATE TABLE boot (boot_id TEXT PRIMARY KEY, boot_time REAL NOT NULL)",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES)
+# 5: whether a task's payload names its dependencies' results ("{@0.output}", from a template),
+# to fill in at dispatch. Before, every payload was searched, so a task submitted with such text
+# of its own (or a template parameter holding it) failed, or read another task's result. Active
+# tasks that may hold template placeholders keep having them filled.
+PAYLOAD_REFS = Migration(
+    5,
+    "payloads that name upstream results",
+    (
+        "ALTER TABLE task ADD COLUMN payload_refs INTEGER NOT NULL DEFAULT 0",
+        "UPDATE task SET payload_refs = 1 WHERE status IN ('pending', 'claimed', 'running')"
+        " AND depends_on != '[]' AND instr(payload, '{@') > 0",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS)
 LATEST = MIGRATIONS[-1].version
 
 

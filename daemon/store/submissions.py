@@ -67,8 +67,12 @@ def submit(
                     by_id.setdefault(outcomes[d.batch_index].id, batch[d.batch_index])
                 else:
                     by_id.setdefault(d.task_id, external[d.task_id])
-            upstream, upstream_ids = list(by_id.values()), list(by_id)
-            inserted = _insert(conn, spec, run_id, upstream, upstream_ids, material_id, now)
+            # A payload that names dependencies by position ("{@1.output}") keeps them as listed,
+            # repeats included (two template tasks merged into one by idempotency key), so that
+            # no position shifts; any other task lists each once.
+            listed = [outcomes[d.batch_index].id if d.task_id is None else d.task_id for d in deps]
+            depends_on = listed if spec.payload_refs else list(by_id)
+            inserted = _insert(conn, spec, run_id, list(by_id.values()), depends_on, material_id, now)
             if inserted is None:
                 existing = _active_with_key(conn, spec.idempotency_key)
                 outcomes.append(SubmittedTask(existing["id"], created=False))
@@ -117,8 +121,8 @@ def _insert(
         row = conn.execute(
             f"""
             INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
-                payload, idempotency_key, max_retries, timeout, unmet_deps, created_at)
-            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
+                payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, created_at)
+            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
             RETURNING seq
@@ -131,6 +135,7 @@ def _insert(
                 spec.priority,
                 json.dumps(upstream_ids),
                 json.dumps(spec.payload),
+                int(spec.payload_refs),
                 spec.idempotency_key,
                 spec.max_retries,
                 spec.timeout,
