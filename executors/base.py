@@ -111,7 +111,8 @@ class _ForwardToSupervisor(logging.Handler):
 class TaskContext:
     """What `execute` gets as `ctx`: progress, cancel and pause, upstream results, a logger.
 
-    Safe to use from several threads of the executor.
+    Safe to use from several threads of the executor, but not from a signal handler: its methods
+    take locks that the interrupted thread may hold (a handler should set a flag instead).
     """
 
     def __init__(
@@ -174,7 +175,9 @@ class TaskContext:
             if self._last_progress == (whole, text):
                 return
             self._last_progress = (whole, text)
-        self._status.put({"type": "progress", "percent": whole, "text": text})
+            # Sent under the lock: two threads' reports reach the supervisor in the order they
+            # were recorded, so the last one recorded is the one shown.
+            self._status.put({"type": "progress", "percent": whole, "text": text})
 
     def set_pausable(self, flag: bool) -> None:
         """Tell the supervisor whether a user may pause the task from now on."""
@@ -217,8 +220,11 @@ class TaskContext:
             self._resume.clear()
             self._status.put({"type": "pause_request", "reason": str(reason)[:MAX_TEXT]})
         # A cancel that raced with the clear above set the resume Event before we cleared it; the
-        # supervisor sets the cancel Event first, so it is visible here and we must not wait.
-        if not self._cancel.is_set():
+        # supervisor sets the cancel Event first, so it is visible here: we must not wait, and
+        # the resume Event is set again, or the executor's other threads would wait for good.
+        if self._cancel.is_set():
+            self._resume.set()
+        else:
             self._resume.wait()
         with self._pause_lock:
             self._self_paused = False

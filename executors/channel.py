@@ -41,11 +41,30 @@ class MessageTooLarge(ValueError):
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One framed message; TypeError or ValueError if it is not plain JSON (MessageTooLarge if too large)."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """One framed message; TypeError or ValueError if it is not plain JSON (MessageTooLarge if too large).
+
+    Text that is not valid Unicode (a lone surrogate, as os.fsdecode makes of a file name's
+    undecodable bytes) is sent with those characters as backslash escapes, not refused: it is
+    only a name in a progress text, a reason or an error."""
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:
+        body = json.dumps(_escaped(message), separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     if len(body) > MAX_MESSAGE:
         raise MessageTooLarge(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
     return len(body).to_bytes(HEADER_SIZE, "big") + body
+
+
+def _escaped(value: Any) -> Any:
+    """`value` with every string's lone surrogates written as backslash escapes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(v) for v in value]
+    return value
 
 
 class StatusQueue:

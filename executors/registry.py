@@ -133,26 +133,21 @@ class Registry:
                 f"{task_type} ({source}): {ref} declares task_type = {declared!r}, not {task_type!r}"
             )
         registration = Registration(task_type, normalise_ref(ref), executor_cls, source)
+        # Made now, once: a constructor that fails (a tool missing) stops the daemon at start with
+        # one line, rather than crash every task of the type, or recovery's hooks, later.
+        try:
+            instance = executor_cls()
+        except Exception as exc:
+            raise ExecutorConfigError(
+                f"{task_type} ({source}): cannot create {registration.ref}() ({type(exc).__name__}: {exc})"
+            ) from exc
         self._registrations[task_type] = registration
-        self._instances.pop(task_type, None)
+        self._instances[task_type] = instance
         return registration
 
     def get(self, task_type: str) -> TaskExecutor | None:
-        """The executor instance for `task_type` (created once), or None if none is registered."""
-        instance = self._instances.get(task_type)
-        if instance is not None:
-            return instance
-        registration = self._registrations.get(task_type)
-        if registration is None:
-            return None
-        try:
-            instance = registration.cls()
-        except Exception as exc:
-            raise ExecutorConfigError(
-                f"{task_type}: cannot create {registration.ref}() ({type(exc).__name__}: {exc})"
-            ) from exc
-        self._instances[task_type] = instance
-        return instance
+        """The executor instance for `task_type`, or None if none is registered."""
+        return self._instances.get(task_type)
 
     def ref(self, task_type: str) -> str:
         """The "module:Class" reference the subprocess imports for `task_type` (KeyError if none)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import json
 import multiprocessing
 import os
 import re
@@ -27,9 +28,10 @@ import psutil
 import pytest
 
 from daemon import children, models, pipes, processes
-from executors import channel
+from executors import channel, endpoint
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
+from tests.media import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -354,6 +356,60 @@ def test_request_pause_of_a_cancelled_task_returns_at_once() -> None:
     ctx.request_pause("late")
     ctx.request_resume()  # no pause of its own in progress: nothing to end
     assert sent == [] and not resume.is_set()
+
+
+def test_a_cancel_that_lands_inside_request_pause_leaves_the_task_resumed() -> None:
+    # The cancel (cancel set, then resume set) comes between request_pause's look at the cancel
+    # Event and its clear of the resume Event: the executor's other threads, waiting in
+    # wait_if_paused, must still wake.
+    cancel = threading.Event()
+
+    class CancelledJustBeforeTheClear(threading.Event):
+        def clear(self) -> None:
+            cancel.set()  # as the control reader applies "cancel": cancel first, then resume
+            self.set()
+            super().clear()
+
+    resume = CancelledJustBeforeTheClear()
+    resume.set()
+    ctx = TaskContext(make_task("SELF_PAUSE"), Recorder(), cancel, resume)  # type: ignore[arg-type]
+    ctx.request_pause("waiting for the disk")  # returns at once: the task is cancelled
+    assert ctx.cancelled and ctx.wait_if_paused(0)
+
+
+def test_progress_from_two_threads_arrives_in_the_order_it_was_recorded() -> None:
+    # The first report is held up while it is being sent; the second, recorded after it, must
+    # not overtake it: the last value recorded is the one the supervisor keeps.
+    sending_first, release_first = threading.Event(), threading.Event()
+    sent: list[int] = []
+
+    class SlowFirstSend:
+        def put(self, message: dict[str, Any]) -> None:
+            if message["percent"] == 99:
+                sending_first.set()
+                release_first.wait(10)
+            sent.append(message["percent"])
+
+    ctx = TaskContext(make_task("PROGRESS"), SlowFirstSend(), threading.Event(), threading.Event())  # type: ignore[arg-type]
+    first = threading.Thread(target=ctx.progress, args=(99,))
+    first.start()
+    sending_first.wait(10)
+    second = threading.Thread(target=ctx.progress, args=(100,))
+    second.start()
+    second.join(0.5)  # a bound for the failure case only: done by now if it could overtake
+    release_first.set()
+    first.join(10)
+    second.join(10)
+    assert sent == [99, 100]
+
+
+def test_text_that_is_not_valid_unicode_is_sent_escaped() -> None:
+    # os.fsdecode of a file name with bytes that are not UTF-8 gives lone surrogates.
+    name = os.fsdecode(b"clip\xff.mp4")
+    frame = channel.encode({"type": "progress", "percent": 5, "text": f"encoding {name}"})
+    assert json.loads(frame[channel.HEADER_SIZE:]) == {"type": "progress", "percent": 5, "text": "encoding clip\\udcff.mp4"}
+    result = endpoint.result_message(ExecuteResult(error=f"cannot read {name}", error_type="CANCELLED"))
+    assert json.loads(channel.encode(result)[channel.HEADER_SIZE:])["error_type"] == "CANCELLED"
 
 
 def test_self_pause_then_self_resume_from_a_thread(launch: Launch) -> None:
