@@ -233,6 +233,9 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
 
         specs = [_spec_from_options(task_type, options)]
         submission.parse_spec(specs[0])
+        if options["material_id"] is not None:  # the task's run is about that material too
+            _echo_submitted(call("submit", tasks=specs, material_id=options["material_id"]))
+            return
     _echo_submitted(call("submit", tasks=specs))
 
 

@@ -128,6 +128,14 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
     )
 
 
+def _canonical_id(ref: str) -> str:
+    """A task id as stored (a lower-case UUID), if `ref` is one in any spelling; else `ref`."""
+    try:
+        return str(uuid.UUID(ref))
+    except ValueError:
+        return ref
+
+
 @dataclasses.dataclass(frozen=True)
 class ResolvedDependency:
     """A dependency of a spec: an earlier spec of the batch (by index) or a stored task (by id)."""
@@ -154,6 +162,9 @@ def resolve_batch(specs: Sequence[TaskSpec]) -> list[list[ResolvedDependency]]:
         deps = []
         for ref in spec.depends_on:
             target = names.get(ref)
+            if target is None:
+                ref = _canonical_id(ref)  # ids are stored as lower-case UUIDs, whatever the case given
+                target = names.get(ref)
             if target is None:
                 deps.append(ResolvedDependency(task_id=ref))
             elif target == index:

@@ -177,7 +177,8 @@ def test_submit_sends_one_spec_with_the_given_fields_and_prints_the_id(fake, fre
                         "material_id": "m1",
                         "timeout": 90.0,
                     }
-                ]
+                ],
+                "material_id": "m1",  # the one task's run is about that material too
             },
         )
     ]

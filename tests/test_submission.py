@@ -238,6 +238,16 @@ def test_dependency_on_a_stored_pending_task_waits_for_it(conn: sqlite3.Connecti
     assert tasks.claim_next(conn, T0).id == downstream.id
 
 
+def test_a_dependency_id_in_capitals_names_the_same_task(conn: sqlite3.Connection) -> None:
+    # Ids are stored as lower-case UUIDs, and an id given in capitals is stored lower-cased.
+    (upstream,) = submit(conn, [{"type": "A"}]).tasks
+    (downstream,) = submit(conn, [{"type": "B", "depends_on": [upstream.id.upper()]}]).tasks
+    assert tasks.get(conn, downstream.id).depends_on == (upstream.id,)
+    line_id = "0F0E0D0C-0B0A-4908-8706-050403020100"
+    first, second = submit(conn, [{"type": "A", "id": line_id}, {"type": "B", "depends_on": [line_id]}]).tasks
+    assert tasks.get(conn, second.id).depends_on == (first.id,) == (line_id.lower(),)
+
+
 def test_repeated_dependency_is_stored_once(conn: sqlite3.Connection) -> None:
     a, b = submit(conn, [{"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a", "a"]}]).tasks
     assert tasks.get(conn, b.id).depends_on == (a.id,)
