@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from daemon import client, config, render
+from daemon import client, config, render, specs_input
 from daemon.errors import FredicaError
 
 EXIT_REFUSED = 1
@@ -134,65 +134,6 @@ def run_daemon() -> None:
     raise SystemExit(service.main(_config_path()))
 
 
-# submit's options for the fields of one task spec, by spec field.
-_SPEC_FLAGS = {
-    "payload": "--payload",
-    "priority": "--priority",
-    "depends_on": "--depends-on",
-    "max_retries": "--max-retries",
-    "idempotency_key": "--idempotency-key",
-    "material_id": "--material",
-    "timeout": "--timeout",
-}
-
-
-def _spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"type": task_type}
-    if options["payload"] is not None:
-        try:
-            spec["payload"] = json.loads(options["payload"])
-        except ValueError as exc:
-            raise FredicaError(f"--payload is not valid JSON: {exc}") from None
-        if not isinstance(spec["payload"], dict):
-            raise FredicaError("--payload must be a JSON object, like '{\"url\": \"...\"}'")
-    for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout"):
-        if options[field] is not None:
-            spec[field] = options[field]
-    if options["depends_on"]:
-        spec["depends_on"] = list(options["depends_on"])
-    return spec
-
-
-def _read_batch(stream: Any) -> list[dict[str, Any]]:
-    """The task specs of a JSON-lines batch; refuses the whole batch, naming the line, if one is bad."""
-    from daemon import submission
-
-    try:
-        text = stream.read()
-    except UnicodeDecodeError as exc:
-        raise FredicaError(f"the batch is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    specs = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            spec = json.loads(line)
-        except ValueError as exc:
-            raise FredicaError(f"batch line {number} is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise FredicaError(f"batch line {number} is nested too deeply") from None
-        if not isinstance(spec, dict):
-            raise FredicaError(f"batch line {number} is not a JSON object")
-        try:
-            submission.parse_spec(spec)
-        except FredicaError as exc:
-            raise FredicaError(f"batch line {number}: {exc.message}") from None
-        specs.append(spec)
-    if not specs:
-        raise FredicaError("the batch has no tasks")
-    return specs
-
-
 @command(main)
 @click.argument("task_type", metavar="[TYPE]", required=False)
 @click.option("--payload", metavar="JSON", help="The task's payload, a JSON object.")
@@ -223,15 +164,15 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
     if (task_type is None) == (batch is None):
         raise click.UsageError("give a task TYPE or --batch FILE (one of them)")
     if batch is not None:
-        given = [flag for name, flag in _SPEC_FLAGS.items() if options[name] not in (None, ())]
+        given = [flag for name, flag in specs_input.SPEC_FLAGS.items() if options[name] not in (None, ())]
         if given:
             flags = ", ".join(given)
             raise click.UsageError(f"{flags} cannot be combined with --batch (put the fields in the file)")
-        specs = _read_batch(batch)
+        specs = specs_input.read_batch(batch)
     else:
         from daemon import submission
 
-        specs = [_spec_from_options(task_type, options)]
+        specs = [specs_input.spec_from_options(task_type, options)]
         submission.parse_spec(specs[0])
         if options["material_id"] is not None:  # the task's run is about that material too
             _echo_submitted(call("submit", tasks=specs, material_id=options["material_id"]))

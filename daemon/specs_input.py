@@ -1,0 +1,70 @@
+"""What `fredica submit` turns into task specs: one task's options, or a JSON-lines batch.
+
+Checked here, before anything is sent, with one clear line naming the option or the line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daemon.errors import FredicaError
+
+# submit's options for the fields of one task spec, by spec field.
+SPEC_FLAGS = {
+    "payload": "--payload",
+    "priority": "--priority",
+    "depends_on": "--depends-on",
+    "max_retries": "--max-retries",
+    "idempotency_key": "--idempotency-key",
+    "material_id": "--material",
+    "timeout": "--timeout",
+}
+
+
+def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The task spec `fredica submit TYPE` describes with its options."""
+    spec: dict[str, Any] = {"type": task_type}
+    if options["payload"] is not None:
+        try:
+            spec["payload"] = json.loads(options["payload"])
+        except ValueError as exc:
+            raise FredicaError(f"--payload is not valid JSON: {exc}") from None
+        if not isinstance(spec["payload"], dict):
+            raise FredicaError("--payload must be a JSON object, like '{\"url\": \"...\"}'")
+    for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout"):
+        if options[field] is not None:
+            spec[field] = options[field]
+    if options["depends_on"]:
+        spec["depends_on"] = list(options["depends_on"])
+    return spec
+
+
+def read_batch(stream: Any) -> list[dict[str, Any]]:
+    """The task specs of a JSON-lines batch; refuses the whole batch, naming the line, if one is bad."""
+    from daemon import submission
+
+    try:
+        text = stream.read()
+    except UnicodeDecodeError as exc:
+        raise FredicaError(f"the batch is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    specs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            spec = json.loads(line)
+        except ValueError as exc:
+            raise FredicaError(f"batch line {number} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise FredicaError(f"batch line {number} is nested too deeply") from None
+        if not isinstance(spec, dict):
+            raise FredicaError(f"batch line {number} is not a JSON object")
+        try:
+            submission.parse_spec(spec)
+        except FredicaError as exc:
+            raise FredicaError(f"batch line {number}: {exc.message}") from None
+        specs.append(spec)
+    if not specs:
+        raise FredicaError("the batch has no tasks")
+    return specs
