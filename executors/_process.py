@@ -182,12 +182,14 @@ class OutputPump:
 
 
 class ProcessGroup:
-    """A started command, leader of its own process group."""
+    """A started command, leader of its own process group, and whatever it started that left the
+    group (`setsid cmd &`, job control): signals reach those too."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
         self.pgid = popen.pid  # start_new_session makes the leader's pid the group id
         self._reaped = False
+        self._escaped: dict[int, psutil.Process] = {}  # seen outside the group, by pid
 
     @property
     def pid(self) -> int:
@@ -195,13 +197,39 @@ class ProcessGroup:
         return self.popen.pid
 
     def send(self, sig: int) -> None:
-        """Signal every process of the group (nothing happens if none is left)."""
-        if self._reaped:
-            return  # the group id may belong to someone else by now
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Signal every process of the group, and those of the command's that left it (nothing
+        happens if none is left); each once."""
+        self._note_escaped()
+        if not self._reaped:  # once reaped, the group id may belong to someone else
+            try:
+                os.killpg(self.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in list(self._escaped.values()):
+            try:
+                proc.send_signal(sig)  # psutil checks the pid still names that process
+            except psutil.Error:
+                del self._escaped[proc.pid]
+
+    def _note_escaped(self) -> None:
+        """Remember the command's descendants that are in another process group by now."""
+        roots = list(self._escaped.values())
+        if not self._reaped:
+            try:
+                roots.append(psutil.Process(self.pid))
+            except psutil.Error:
+                pass
+        for root in roots:
+            try:
+                found = root.children(recursive=True)
+            except psutil.Error:
+                continue
+            for proc in found:
+                try:
+                    if os.getpgid(proc.pid) != self.pgid:
+                        self._escaped.setdefault(proc.pid, proc)
+                except OSError:
+                    continue
 
     def leader_exited(self) -> bool:
         """True once the leader has exited (it stays a zombie until `reap`)."""
@@ -214,13 +242,20 @@ class ProcessGroup:
         return info is not None
 
     def live_members(self) -> list[int]:
-        """Pids of the group's processes that are still running (zombies are done)."""
+        """Pids of the group's processes, and of those that left it, still running (zombies are done)."""
+        self._note_escaped()
         members = []
         for proc in psutil.process_iter():
             try:
                 if os.getpgid(proc.pid) == self.pgid and proc.status() != psutil.STATUS_ZOMBIE:
                     members.append(proc.pid)
             except (OSError, psutil.Error):
+                continue
+        for proc in list(self._escaped.values()):
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    members.append(proc.pid)
+            except psutil.Error:
                 continue
         return members
 

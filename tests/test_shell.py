@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -207,6 +208,29 @@ def test_pause_stops_the_whole_group_and_resume_continues(launcher: media.Launch
     assert result["error"] is None and result["result"]["last_lines"] == ["started", "finished"]
     log = child.log_path.read_text()
     assert f"paused: process group {leader} stopped" in log and f"process group {leader} continued" in log
+
+
+# As GROUP_SCRIPT, with a background process in a session of its own (as `setsid`, or a daemon
+# that detaches): out of the command's process group.
+DETACHED_SCRIPT = GROUP_SCRIPT.replace("sleep 600 &", "setsid sleep 600 &")
+
+
+def test_pause_and_cancel_reach_what_left_the_group(launcher: media.Launcher, tmp_path: Path) -> None:
+    work = group_dir(tmp_path)
+    child = launcher.launch("SHELL", sh(DETACHED_SCRIPT, cwd=str(work)))
+    leader, detached = pid_in(work / "pid"), pid_in(work / "bg")
+    assert os.getpgid(detached) != leader  # it did leave the group
+    try:
+        child.pause()
+        wait_for(lambda: media.is_stopped(leader) and media.is_stopped(detached))
+        child.resume()
+        wait_for(lambda: media.is_running(leader) and media.is_running(detached))
+        child.request_cancel()
+        assert launcher.finish(child)["error_type"] == models.CANCELLED
+        assert media.gone(detached)
+    finally:
+        if not media.gone(detached):  # only if an assertion failed: never leave it running
+            os.kill(detached, signal.SIGKILL)
 
 
 def test_an_unpausable_command_is_never_stopped(launcher: media.Launcher, tmp_path: Path) -> None:
