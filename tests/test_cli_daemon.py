@@ -76,7 +76,7 @@ def test_submit_show_ls_runs(daemon: Daemon, tmp_path: Path) -> None:
     assert "ECHO" in ok(daemon, "show", task_id)
 
 
-def test_batch_with_keys_and_idempotency(daemon: Daemon) -> None:
+def test_batch_with_keys_and_idempotency(daemon: Daemon, tmp_path: Path) -> None:
     lines = "\n".join(
         json.dumps(line)
         for line in [
@@ -89,8 +89,12 @@ def test_batch_with_keys_and_idempotency(daemon: Daemon) -> None:
     second = daemon.wait_task(ids[1], "completed")
     assert second["depends_on"] == [ids[0]]
     # A finished key does not block; an active one reports the existing task.
-    gate = ok(daemon, "submit", "HANG", "--payload", json.dumps({"ready_file": "/dev/null"}),
+    # Its ready file is written by renaming a temporary file over it: never a path of the system's
+    # (as root, "/dev/null" became a regular file).
+    ready = tmp_path / "ready"
+    gate = ok(daemon, "submit", "HANG", "--payload", json.dumps({"ready_file": str(ready)}),
               "--idempotency-key", "busy").strip()
+    wait_for(ready.exists)  # it runs: its key is active
     result = fredica(daemon, "submit", "ECHO", "--idempotency-key", "busy")
     assert result.exit_code == 0 and result.stdout.strip() == gate
     assert "already active" in result.stderr
