@@ -212,7 +212,11 @@ def test_pause_stops_the_whole_group_and_resume_continues(launcher: media.Launch
 
 # As GROUP_SCRIPT, with a background process in a session of its own (as `setsid`, or a daemon
 # that detaches): out of the command's process group.
-DETACHED_SCRIPT = GROUP_SCRIPT.replace("sleep 600 &", "setsid sleep 600 &")
+# The detached process writes its own pid, once it has left the group (`$!` may be read first).
+DETACHED_SCRIPT = GROUP_SCRIPT.replace(
+    "sleep 600 & echo $! > bg.tmp && mv bg.tmp bg",
+    "setsid sh -c 'echo $$ > bg.tmp && mv bg.tmp bg; exec sleep 600' &",
+)
 
 
 def test_pause_and_cancel_reach_what_left_the_group(launcher: media.Launcher, tmp_path: Path) -> None:
