@@ -16,6 +16,7 @@ import mmap
 import os
 import pickle
 import select
+import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -57,6 +58,11 @@ def serve(
     # So they leave that group, rather than ignore SIGINT: an ignored signal stays ignored across
     # exec, and the commands executors run would inherit that (a script could not trap it).
     os.setpgid(0, 0)
+    # And whatever ignored them before (a daemon started in the background by a script gets
+    # SIGINT and SIGQUIT ignored, and multiprocessing passes that on) is undone: the commands an
+    # executor runs inherit ignored signals across exec.
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     status = StatusQueue(status_connection)
     # Nothing this process got (our pipes; multiprocessing's to the fork server and the resource
     # tracker) is for the commands an executor starts: one started without close_fds (os.system)

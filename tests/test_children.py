@@ -228,6 +228,27 @@ def test_stdout_stderr_grandchildren_and_ctx_log_land_in_the_task_log(launch: La
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO hello from ctx\.log$", log, re.M)
 
 
+def test_an_executor_ignores_no_signal_even_when_its_daemon_was_started_ignoring_some(tmp_path: Path) -> None:
+    # A daemon started in the background by a script has SIGINT and SIGQUIT ignored, which the
+    # fork server passes on to what it starts; the commands executors run would inherit it.
+    script = textwrap.dedent("""
+        import re, signal, sys
+        from daemon import children
+        process = children.start_process(children.make_context("forkserver"), fork_each=True)
+        try:  # the fork that waits for a task: what an attempt, and its commands, start from
+            status = open(f"/proc/{process.attempt_pid}/status").read()
+            print(int(re.search(r"^SigIgn:\\s*([0-9a-f]+)$", status, re.M).group(1), 16))
+        finally:
+            process.dismiss()
+    """)
+    ignore = lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)]  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          preexec_fn=ignore)
+    ignored = int(done.stdout.strip() or -1)
+    assert ignored >= 0, done.stderr
+    assert not ignored & (1 << (signal.SIGINT - 1)) and not ignored & (1 << (signal.SIGQUIT - 1))
+
+
 def test_the_child_is_out_of_the_terminals_reach(launch: Launch, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     child = launch("Hang", {"ready_file": str(ready)})
