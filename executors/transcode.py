@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -77,6 +78,12 @@ class TranscodeSpec:
     def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
         """Check the payload (and that the input is a file); PayloadError says what is wrong."""
         source, target = _path(payload, "input"), _path(payload, "output")
+        try:
+            os.stat(target)
+        except OSError as exc:
+            # Said here rather than left to resolve(), which raises on a loop only before Python 3.13.
+            if exc.errno == errno.ELOOP:
+                raise _process.PayloadError(f"output is a symlink loop: {target}") from None
         try:
             if check_input and not source.is_file():
                 raise _process.PayloadError(f"input file not found: {source}")

@@ -62,7 +62,11 @@ class Daemon:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        env.pop("FREDICA_CONFIG", None)
+        # Nothing of the machine's may reach a test daemon: no config, and no service manager
+        # (a CI job run under systemd would otherwise get its READY and watchdog pings).
+        for name in ("FREDICA_CONFIG", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "STATE_DIRECTORY",
+                     "RUNTIME_DIRECTORY"):
+            env.pop(name, None)
         return env
 
     def start(self, wait: bool = True, command: list[str] | None = None) -> "Daemon":

@@ -119,6 +119,7 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No config of the machine or of the user may leak in.
     monkeypatch.delenv("FREDICA_CONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", tmp_path / "etc" / "fredica" / "config.toml")
     monkeypatch.setattr(cli, "_sleep", lambda seconds: None)
     monkeypatch.setattr(cli, "FOLLOW_RECHECK", 0.0)
 

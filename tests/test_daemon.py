@@ -279,7 +279,7 @@ def status_as_nobody(path: Path) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
 def test_a_client_running_as_another_user_is_refused(daemons) -> None:
     # Under a world-traversable directory, so that only the daemon's own modes keep nobody out.
-    public = Path(tempfile.mkdtemp(prefix="fredica-socket-"))
+    public = Path(tempfile.mkdtemp(prefix="fredica-socket-", dir="/tmp"))  # nobody can reach /tmp, not every TMPDIR
     try:
         public.chmod(0o755)
         d = daemons(socket=public / "run" / "control.sock").start()

@@ -149,6 +149,12 @@ class QuickPauseDownload(DownloadExecutor):
     pause_hold_seconds = 0.0
 
 
+class LongHoldDownload(DownloadExecutor):
+    """DOWNLOAD that keeps its connection through any pause a test makes, however slow the machine."""
+
+    pause_hold_seconds = 3600.0
+
+
 @pytest.fixture
 def server() -> Iterator[FileServer]:
     server = FileServer()
@@ -305,7 +311,7 @@ def start_gated(server: FileServer, launcher: media.Launcher, tmp_path: Path, **
 
 
 def test_pause_then_resume_on_the_same_connection(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
-    child = start_gated(server, launcher, tmp_path)
+    child = start_gated(server, launcher, tmp_path, ref="tests.test_download:LongHoldDownload")
     child.pause()
     server.gate.set()  # more data arrives; the executor takes one chunk, then sees the pause
     launcher.wait_message(child, lambda m: m["type"] == "progress" and m["text"].startswith("paused at"))

@@ -6,8 +6,8 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -30,9 +30,11 @@ def count(tmp_path: Path, name: str) -> int:
 
 
 def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path, daemons) -> None:
-    d = daemons(max_workers=3, shutdown_grace=1.0, cancel_grace=0.3).start()
+    # The short task needs 0.4 s at most, the long one 6 s: a grace of 3 s tells them apart with
+    # room to spare on a loaded machine.
+    d = daemons(max_workers=3, shutdown_grace=3.0, cancel_grace=0.3).start()
     short = d.submit("COUNT", payload=counter(tmp_path, "short", n=20, step=0.02))
-    long = d.submit("COUNT", max_retries=0, payload=counter(tmp_path, "long", n=400, step=0.01))
+    long = d.submit("COUNT", max_retries=0, payload=counter(tmp_path, "long", n=600, step=0.01))
     stubborn = d.submit("HANG", payload={"ready_file": str(tmp_path / "ready"), "ignore_sigterm": True})
     wait_for(lambda: count(tmp_path, "short") and count(tmp_path, "long") and (tmp_path / "ready").exists())
 
@@ -45,7 +47,7 @@ def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path, d
         task = d.task(task_id)
         assert task["retry_count"] == 0 and task["error_type"] is None
     # After the restart they run again; the counter starts over and completes.
-    assert d.wait_task(long, "completed", timeout=30)["result"] == {"count": 400}
+    assert d.wait_task(long, "completed", timeout=60)["result"] == {"count": 600}
     assert d.wait_task(stubborn, "running")["status"] == "running"
     d.data("cancel", id=stubborn)
     d.wait_task(stubborn, "cancelled")
@@ -63,6 +65,9 @@ def notify_socket(tmp_path: Path):
     sock.close()
 
 
+SO_TIMESTAMP = 29  # <asm-generic/socket.h>; the socket module does not name it
+
+
 def receive_until(sock: socket.socket, predicate) -> list[str]:
     seen: list[str] = []
     while True:
@@ -75,6 +80,7 @@ def receive_until(sock: socket.socket, predicate) -> list[str]:
 def test_sd_notify_ready_watchdog_status_stopping(daemons, notify_socket) -> None:
     path, sock = notify_socket
     d = daemons()
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)  # each datagram carries when it arrived
     env = d.env() | {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
     d.env = lambda: env  # type: ignore[method-assign]
     d.start(wait=False)
@@ -82,13 +88,17 @@ def test_sd_notify_ready_watchdog_status_stopping(daemons, notify_socket) -> Non
     assert "STATUS=ready" in ready and f"MAINPID={d.process.pid}" in ready
     # The socket answers by the time READY is sent: recovery is done and requests are served.
     assert d.data("status")["pid"] == d.process.pid
-    # The watchdog is pinged at half its interval, from the loop, with a one-line STATUS.
+    # The watchdog is pinged at half its interval, from the loop, with a one-line STATUS. Spacing
+    # by the time each ping reached the socket (the kernel's stamp), not when this test got to
+    # read it: pings queued while the test was descheduled would read back to back.
     pings = []
     while len(pings) < 3:
-        message = sock.recv(4096).decode()
-        if "WATCHDOG=1" in message:
-            pings.append(time.monotonic())
-            assert "STATUS=running: 0/2 workers busy" in message
+        data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(16))
+        if "WATCHDOG=1" in data.decode():
+            arrived = next(struct.unpack("qq", raw) for level, kind, raw in ancillary
+                           if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP)
+            pings.append(arrived[0] + arrived[1] / 1e6)
+            assert "STATUS=running: 0/2 workers busy" in data.decode()
     assert min(b - a for a, b in zip(pings, pings[1:])) > 0.1
     d.stop(signal.SIGTERM)
     assert any("STOPPING=1" in m for m in receive_until(sock, lambda m: "STOPPING=1" in m))

@@ -287,13 +287,14 @@ def test_sigkill_of_the_child_is_crashed(make_supervisor: Callable[..., Supervis
     ready = tmp_path / "ready"
     task_id = submit(sup, "HANG", max_retries=1, payload={"ready_file": str(ready)})
     wait_for(ready.exists)
-    os.kill(int(ready.read_text()), signal.SIGKILL)
-    # The first crash is retried (CRASHED is retryable); kill the second attempt too.
+    first = int(ready.read_text())
+    os.kill(first, signal.SIGKILL)
+    # The first crash is retried (CRASHED is retryable); kill the second attempt too. The retry
+    # may have written its pid already (the file is replaced atomically): wait for a new one.
     task = wait_for(lambda: (t := get(sup, task_id)).retry_count == 1 and t)
     assert task.error_type == models.CRASHED and "killed by SIGKILL" in task.error
-    ready.unlink()
-    wait_for(ready.exists)
-    os.kill(int(ready.read_text()), signal.SIGKILL)
+    second = wait_for(lambda: (pid := int(ready.read_text())) != first and pid)
+    os.kill(second, signal.SIGKILL)
     task = wait_ended(sup, task_id)
     assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
 
@@ -914,9 +915,12 @@ def test_a_process_stuck_after_its_result_is_ended_and_its_launcher_used_again(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
     sup = make_supervisor(max_workers=1, cancel_grace=0.2, idle_poll_interval=0.1)
+    # The spare launcher, which the task will take (looked up now: the fork that runs the task
+    # is ended 0.2 s after its result, and may be gone by the time the test looks at it).
+    (spare,) = wait_for(lambda: sup.call(lambda: list(sup.idle)))
     stuck = wait_ended(sup, submit(sup, "STUCK_AFTER_RESULT"))
     assert stuck.status is TaskStatus.COMPLETED  # its result counts: it was sent
-    launcher = psutil.Process(stuck.executor_pid).ppid()
+    launcher = spare.pid
     wait_for(lambda: ended_process(stuck.executor_pid))  # ended once cancel_grace has passed
     after = [wait_ended(sup, submit(sup, "STATE")) for _ in range(3)]
     assert all(t.status is TaskStatus.COMPLETED for t in after)
@@ -946,11 +950,14 @@ def test_a_stop_after_the_result_came_does_not_relabel_the_outcome(
 
 
 def test_a_launcher_just_put_back_is_waited_for_rather_than_a_new_one_started(
-    make_supervisor: Callable[..., Supervisor],
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No spare, one worker: each next task finds only the launcher whose fork has just sent its
     # result and may not have exited yet. It takes that launcher once it reports the exit.
-    sup = make_supervisor(max_workers=1, warm_spare=False)
+    # Waited for up to SETTLE_WAIT (50 ms): on a loaded machine a report can take longer, and a
+    # new launcher is then (rightly) started; the test is about the waiting, so it waits long.
+    monkeypatch.setattr(pool, "SETTLE_WAIT", 30.0)
+    sup = make_supervisor(max_workers=1, warm_spare=False, cancel_grace=60)
     ids = [t.id for t in sup.submit([parse_spec({"type": "STATE"}) for _ in range(8)]).tasks]
     ended = [wait_ended(sup, task_id) for task_id in ids]
     assert all(t.status is TaskStatus.COMPLETED for t in ended)
