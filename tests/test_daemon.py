@@ -65,6 +65,7 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])
     for pid in idle:
         wait_for(lambda: gone(pid))
+    assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])  # still, once those are gone
 
     d.start()
     for pid in [*executor_pids, grandchild_pid, *launchers]:
@@ -509,18 +510,21 @@ def test_recovery_calls_on_task_failed_for_the_tasks_it_interrupts(daemons, tmp_
 
 
 def test_a_request_during_recovery_waits_and_is_applied_whole(daemons, tmp_path: Path) -> None:
-    d = daemons(cancel_grace=1.5)
+    d = daemons(cancel_grace=4.0)  # recovery waits this long for the leftover: time to ask meanwhile
     d.start()
     ready = tmp_path / "ready"
     hang = d.submit("HANG", payload={"ready_file": str(ready), "ignore_sigterm": True})
     wait_for(ready.exists)
     leftover = int(ready.read_text())
     d.kill9()
+    recoveries = sum(e["event"] == "recovery_finished" for e in d.log_events())  # the first start's
 
     d.start(wait=False)
     # Recovery is now waiting for the leftover that ignores SIGTERM (cancel_grace before SIGKILL).
     wait_for(lambda: any(e["event"] == "leftover_executor" for e in d.log_events()))
     wait_for(d.socket.exists)
+    # The request comes during this recovery, which has not finished.
+    assert sum(e["event"] == "recovery_finished" for e in d.log_events()) == recoveries
     reply = d.request("submit", tasks=[{"type": "ECHO", "payload": {"during": "recovery"}}])
     assert reply["ok"], reply
     new_task = d.wait_task(reply["data"]["tasks"][0]["id"], "completed")
