@@ -46,9 +46,10 @@ class FileServer:
         self.ranges = True
         self.max_range: int | None = None  # answer an open range with at most this many bytes
         self.drop_at: list[int] = []  # byte offsets at which the next response breaks off (once each)
-        self.gate_at: int | None = None  # the response waits here until `gate` is set
-        self.gate = threading.Event()
+        self.gate_at: int | None = None  # the response waits here until the gate opens (or moves on)
+        self.gate = threading.Event()  # set by open_gate: no more waiting
         self.waiting = threading.Event()  # set while a response waits at the gate
+        self._gate_moved = threading.Condition()
         self.statuses: dict[str, list[int]] = {"/missing": [404], "/secret": [401]}
         self.redirects: dict[str, str] = {}  # path -> the Location of a 302
         self.requests: list[dict[str, Any]] = []
@@ -134,11 +135,26 @@ class FileServer:
                 return
             if pos == self.gate_at and not self.gate.is_set():
                 h.wfile.flush()
-                self.waiting.set()
-                self.gate.wait(20)
+                with self._gate_moved:
+                    self.waiting.set()
+                    self._gate_moved.wait_for(lambda: self.gate.is_set() or self.gate_at != pos, timeout=20)
+
+    def open_gate(self) -> None:
+        """Let the held response send the rest."""
+        with self._gate_moved:
+            self.gate.set()
+            self._gate_moved.notify_all()
+
+    def step(self, nbytes: int) -> None:
+        """Let the held response send `nbytes` more, then hold it again."""
+        with self._gate_moved:
+            self.waiting.clear()
+            assert self.gate_at is not None
+            self.gate_at += nbytes
+            self._gate_moved.notify_all()
 
     def close(self) -> None:
-        self.gate.set()
+        self.open_gate()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -310,14 +326,33 @@ def start_gated(server: FileServer, launcher: media.Launcher, tmp_path: Path, **
     return child
 
 
+def see_the_pause(server: FileServer, launcher: media.Launcher, child: Any) -> None:
+    """Let data through a chunk at a time until the executor reports it is paused.
+
+    It looks at the pause between chunks, once its control reader has applied the command; on a
+    loaded machine that can take longer than the rest of the file would if let through at once.
+    """
+    def paused() -> bool:
+        return any(m["type"] == "progress" and m["text"].startswith("paused at") for m in launcher.messages(child))
+
+    for _ in range(10):  # a few chunks of the half left: the file is never finished meanwhile
+        server.step(CHUNK)
+        try:
+            wait_for(paused, timeout=2)
+            return
+        except AssertionError:
+            continue  # not seen yet: one more chunk, one more look
+    raise AssertionError("the executor never reported its pause")
+
+
 def test_pause_then_resume_on_the_same_connection(server: FileServer, launcher: media.Launcher, tmp_path: Path) -> None:
     child = start_gated(server, launcher, tmp_path, ref="tests.test_download:LongHoldDownload")
     child.pause()
-    server.gate.set()  # more data arrives; the executor takes one chunk, then sees the pause
-    launcher.wait_message(child, lambda m: m["type"] == "progress" and m["text"].startswith("paused at"))
+    see_the_pause(server, launcher, child)
     output, part = outputs(tmp_path)
     held = part.stat().st_size
     assert HALF <= held < SIZE and not output.exists() and child.is_alive()
+    server.open_gate()
     child.resume()
     assert_downloaded(launcher.finish(child), tmp_path)
     assert server.ranges_requested() == [None]  # a short pause keeps the connection
@@ -328,8 +363,8 @@ def test_a_long_pause_closes_the_connection_and_resumes_with_range(
 ) -> None:
     child = start_gated(server, launcher, tmp_path, ref="tests.test_download:QuickPauseDownload")
     child.pause()
-    server.gate.set()
-    launcher.wait_message(child, lambda m: m["type"] == "progress" and m["text"].startswith("paused at"))
+    see_the_pause(server, launcher, child)
+    server.open_gate()
     wait_for(lambda: "closing the connection" in child.log_path.read_text())
     held = outputs(tmp_path)[1].stat().st_size
     child.resume()
@@ -345,7 +380,7 @@ def test_cancel_leaves_the_part_and_the_retry_resumes_from_it(
     assert launcher.finish(child, timeout=10)["error_type"] == models.CANCELLED
     output, part = outputs(tmp_path)
     assert part.stat().st_size == HALF and not output.exists()
-    server.gate.set()
+    server.open_gate()
     retry = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA), retry_count=1)
     assert_downloaded(launcher.finish(retry), tmp_path)
     assert server.ranges_requested() == [None, f"bytes={HALF}-"]
