@@ -49,7 +49,9 @@ def read_batch(stream: Any) -> list[dict[str, Any]]:
     except UnicodeDecodeError as exc:
         raise FredicaError(f"the batch is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     specs = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # Lines end at "\n" only: splitlines() would also cut at U+2028 and friends, which JSON
+    # strings may hold as they are.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

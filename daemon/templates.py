@@ -20,8 +20,11 @@ String values of a payload may hold placeholders: `{param}` is filled when the r
 `{task.key.path}` names a field of the result of `task`, one of this task's dependencies, and is
 filled when the task is dispatched (stored as `{@N.key.path}` until then, N being the position of
 that dependency in `depends_on`: a position survives a dependency resolved to an existing task
-by its idempotency key, where a name or a new id would not). `{{` and `}}`
-stand for literal braces. Everything is checked when the config loads.
+by its idempotency key, where a name or a new id would not; so a task lists each dependency
+once). Only such a task's payload is read for `{@...}` at dispatch (`payload_refs`): a payload
+submitted as it is, or a parameter's value, is never taken for a placeholder. `{{` and `}}`
+stand for literal braces. An `idempotency_key` may use parameters, never results (the key must
+be known when the run is submitted). Everything is checked when the config loads.
 """
 
 from __future__ import annotations

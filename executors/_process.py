@@ -1,7 +1,10 @@
 """Run an external command in its own process group, steered by a task's pause and cancel.
 
 Shared by the built-in SHELL and TRANSCODE_MP4 executors (with the few result helpers all built-ins
-use). The command gets a new session, so its process group holds it and everything it starts:
+use). The command gets a new session, so its process group holds it and everything it starts, but
+for what leaves the group (`setsid cmd &`, job control): those seen while the command runs get
+the group's signals too, and what detaches itself otherwise is ended with the attempt
+(`_parent.end_leftovers`):
 
 - pause = SIGSTOP to the group, resume = SIGCONT: the command needs no cooperation;
 - cancel = SIGTERM (with SIGCONT, so a paused group can act on it), then SIGKILL after a grace;
@@ -212,24 +215,30 @@ class ProcessGroup:
                 del self._escaped[proc.pid]
 
     def _note_escaped(self) -> None:
-        """Remember the command's descendants that are in another process group by now."""
-        roots = list(self._escaped.values())
-        if not self._reaped:
+        """Remember the command's descendants that are in another process group by now: those of
+        the leader while it runs, and those of the ones already seen. (Once the leader has exited,
+        its children are the executor process's: a process that detached itself then, or by a
+        double fork at once, is left to the end of the attempt, which ends it.)"""
+        roots = [proc for proc in self._escaped.values() if _running(proc)]
+        if not self.leader_exited():
             try:
                 roots.append(psutil.Process(self.pid))
             except psutil.Error:
                 pass
-        for root in roots:
+        for root in roots:  # none, usually, once the command has exited: no scan of /proc then
             try:
                 found = root.children(recursive=True)
             except psutil.Error:
                 continue
             for proc in found:
                 try:
-                    if os.getpgid(proc.pid) != self.pgid:
-                        self._escaped.setdefault(proc.pid, proc)
+                    if os.getpgid(proc.pid) == self.pgid:
+                        continue
                 except OSError:
                     continue
+                known = self._escaped.get(proc.pid)
+                if known is None or not _running(known):  # a pid seen before may name another now
+                    self._escaped[proc.pid] = proc
 
     def leader_exited(self) -> bool:
         """True once the leader has exited (it stays a zombie until `reap`)."""
@@ -251,12 +260,7 @@ class ProcessGroup:
                     members.append(proc.pid)
             except (OSError, psutil.Error):
                 continue
-        for proc in list(self._escaped.values()):
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    members.append(proc.pid)
-            except psutil.Error:
-                continue
+        members += [proc.pid for proc in self._escaped.values() if _running(proc)]
         return members
 
     def end(self, grace: float, idle: Callable[[float], None]) -> None:
@@ -286,6 +290,14 @@ class ProcessGroup:
         returncode = self.popen.wait()
         self._reaped = True
         return returncode
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Still the process it was (psutil checks its start time) and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def start(

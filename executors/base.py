@@ -130,7 +130,8 @@ class TaskContext:
         self._status = status
         self._cancel = cancel_event
         self._resume = resume_event
-        self._lock = threading.Lock()  # guards the progress de-duplication and making the logger
+        self._lock = threading.Lock()  # guards making the logger
+        self._progress_lock = threading.Lock()  # orders progress reports, and their de-duplication
         self._pause_lock = threading.Lock()  # guards self-pause state and its two messages
         self._last_progress: tuple[int, str | None] | None = None
         self._self_paused = False
@@ -169,14 +170,15 @@ class TaskContext:
         whole = 0 if math.isnan(value) else int(min(100.0, max(0.0, value)))
         if text is not None:
             text = str(text)[:MAX_TEXT]
-        with self._lock:
+        with self._progress_lock:
             # Executors often report the same whole percent many times in a row (fractions of a
             # percent, per-chunk callbacks); repeating it would only load the channel.
             if self._last_progress == (whole, text):
                 return
             self._last_progress = (whole, text)
             # Sent under the lock: two threads' reports reach the supervisor in the order they
-            # were recorded, so the last one recorded is the one shown.
+            # were recorded, so the last one recorded is the one shown. A lock of its own: a send
+            # blocked on a full pipe holds up other progress reports, not the logger.
             self._status.put({"type": "progress", "percent": whole, "text": text})
 
     def set_pausable(self, flag: bool) -> None:

@@ -44,13 +44,15 @@ def encode(message: Mapping[str, Any]) -> bytes:
     """One framed message; TypeError or ValueError if it is not plain JSON (MessageTooLarge if too large).
 
     Text that is not valid Unicode (a lone surrogate, as os.fsdecode makes of a file name's
-    undecodable bytes) is sent with those characters as backslash escapes, not refused: it is
-    only a name in a progress text, a reason or an error."""
+    undecodable bytes) is sent with those characters as backslash escapes, not refused, where it
+    is only words for people (a progress text, a reason, an error); a result's value, which other
+    tasks read, stays refused (UnicodeEncodeError is a ValueError)."""
     text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         body = text.encode()
     except UnicodeEncodeError:
-        body = json.dumps(_escaped(message), separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        escaped = {key: value if key == "result" else _escaped(value) for key, value in message.items()}
+        body = json.dumps(escaped, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     if len(body) > MAX_MESSAGE:
         raise MessageTooLarge(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
     return len(body).to_bytes(HEADER_SIZE, "big") + body

@@ -61,8 +61,10 @@ def serve(
     # And whatever ignored them before (a daemon started in the background by a script gets
     # SIGINT and SIGQUIT ignored, and multiprocessing passes that on) is undone: the commands an
     # executor runs inherit ignored signals across exec.
-    for sig in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+    # SIGINT as a Python program starts with (KeyboardInterrupt in the executor, the default
+    # after exec); SIGQUIT at its default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     status = StatusQueue(status_connection)
     # Nothing this process got (our pipes; multiprocessing's to the fork server and the resource
     # tracker) is for the commands an executor starts: one started without close_fds (os.system)

@@ -20,7 +20,8 @@ directory), `CANCELLED`. A task `timeout` is enforced by the supervisor, not her
 
 stdout and stderr are merged, echoed line by line to the task's log, and searched for progress.
 Pause stops the command's whole process group (SIGSTOP) and resume continues it (SIGCONT); cancel
-ends the group (SIGTERM, then SIGKILL after `kill_grace` seconds); see `executors._process`.
+ends the group (SIGTERM, then SIGKILL after `kill_grace` seconds), and what the command started
+outside its group with them; see `executors._process`.
 """
 
 from __future__ import annotations

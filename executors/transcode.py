@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -79,15 +80,18 @@ class TranscodeSpec:
         """Check the payload (and that the input is a file); PayloadError says what is wrong."""
         source, target = _path(payload, "input"), _path(payload, "output")
         try:
-            os.stat(target)
+            target_is_dir = stat.S_ISDIR(os.stat(target).st_mode)
         except OSError as exc:
             # Said here rather than left to resolve(), which raises on a loop only before Python 3.13.
             if exc.errno == errno.ELOOP:
                 raise _process.PayloadError(f"output is a symlink loop: {target}") from None
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # e.g. a name too long
+                raise _process.PayloadError(f"input and output must be usable paths: {exc}") from None
+            target_is_dir = False  # not there yet, as usual
         try:
             if check_input and not source.is_file():
                 raise _process.PayloadError(f"input file not found: {source}")
-            if target.is_dir():
+            if target_is_dir:
                 raise _process.PayloadError(f"output is a directory: {target}")
             same = source.resolve() == target.resolve()
         except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError)...

@@ -431,6 +431,9 @@ def test_text_that_is_not_valid_unicode_is_sent_escaped() -> None:
     assert json.loads(frame[channel.HEADER_SIZE:]) == {"type": "progress", "percent": 5, "text": "encoding clip\\udcff.mp4"}
     result = endpoint.result_message(ExecuteResult(error=f"cannot read {name}", error_type="CANCELLED"))
     assert json.loads(channel.encode(result)[channel.HEADER_SIZE:])["error_type"] == "CANCELLED"
+    # A result's value is what other tasks read ("{download.output}"): never altered, refused.
+    with pytest.raises(ValueError):
+        channel.encode(endpoint.result_message(ExecuteResult(result={"output": f"/media/{name}"})))
 
 
 def test_self_pause_then_self_resume_from_a_thread(launch: Launch) -> None:

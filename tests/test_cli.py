@@ -287,6 +287,14 @@ def test_a_batch_that_is_not_json_text_is_one_clear_error(fake, fredica, tmp_pat
     assert fake.requests == []
 
 
+def test_a_batch_line_may_hold_unicode_line_separators_in_its_strings(fake, fredica):
+    fake.handlers["submit"] = {"run_id": RUN, "tasks": [{"id": ID_A, "created": True}]}
+    line = json.dumps({"type": "SHELL", "payload": {"title": "one\u2028two\x85three"}}, ensure_ascii=False)
+    result = fredica("submit", "--batch", "-", input=line + "\n")
+    assert result.exit_code == 0, result.output
+    assert fake.requests[0][1]["tasks"][0]["payload"] == {"title": "one\u2028two\x85three"}
+
+
 def test_run_of_tasks_all_already_active_prints_their_ids(fake, fredica):
     # No new run was made: each task is an active one with the same idempotency key.
     fake.handlers["run"] = {"run_id": None, "tasks": [{"id": ID_A, "created": False}]}

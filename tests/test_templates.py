@@ -157,3 +157,29 @@ def test_fredica_run_end_to_end(daemons) -> None:
     assert missing.exit_code == 1 and "--set word=VALUE" in missing.stderr
     unknown = runner.invoke(cli.main, ["run", "nope", "--config", str(d.config)])
     assert unknown.exit_code == 1 and "unknown template 'nope'" in unknown.stderr
+
+
+def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: Path) -> None:
+    # A transcode interrupted by a crash, recreated from the restart log: the copy still names
+    # its download's result, and is still a template's task that dispatch fills in.
+    from daemon import recovery
+    from daemon.store import db, restarts, tasks
+
+    text = (
+        '[templates.t.tasks.download]\ntype = "ECHO"\n'
+        '[templates.t.tasks.transcode]\ntype = "ECHO"\ndepends_on = ["download"]\n'
+        'payload = { input = "{download.echo.output}" }\n'
+    )
+    conn = db.open_database(tmp_path / "fredica.db")
+    download, transcode = tasks.submit(conn, parse(text)["t"].instantiate({}), now=1.0).tasks
+    tasks.start(conn, tasks.claim_next(conn, 2.0).id, now=2.0)
+    tasks.complete(conn, download.id, {"echo": {"output": "/media/a.mkv"}}, now=3.0)
+    tasks.start(conn, tasks.claim_next(conn, 4.0).id, now=4.0)
+    recovery.recover(conn, now=5.0)  # the daemon died while the transcode ran
+    (entry,) = restarts.list_entries(conn)
+    copy_id = recovery.recreate(conn, entry.id, now=6.0).tasks[0].id
+    copy = tasks.get(conn, copy_id)
+    assert copy.payload_refs and copy.depends_on == (download.id,)
+    upstream = tasks.results_of(conn, copy.depends_on)
+    assert templates.resolve_results(copy.payload, copy.depends_on, upstream) == {"input": "/media/a.mkv"}
+    conn.close()
