@@ -662,21 +662,28 @@ def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tm
         idle.dismiss_all()
 
 
+def fail_first_call(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, error: Exception) -> list[str]:
+    """Make `owner.name` (a function, or a method of a class) raise `error` on its first call
+    and work as before after it; the list of calls made."""
+    original = getattr(owner, name)
+    calls: list[str] = []
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        if len(calls) == 1:
+            raise error
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing_once)
+    return calls
+
+
 def test_a_dispatch_that_cannot_record_its_start_crashes_the_attempt_and_keeps_the_process(
     make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup = make_supervisor(max_workers=1)
     spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
-    start = tasks.start
-    calls: list[str] = []
-
-    def failing_once(*args: Any, **kwargs: Any) -> Task:
-        calls.append("start")
-        if len(calls) == 1:
-            raise sqlite3.OperationalError("disk I/O error")
-        return start(*args, **kwargs)
-
-    monkeypatch.setattr(tasks, "start", failing_once)
+    fail_first_call(monkeypatch, tasks, "start", sqlite3.OperationalError("disk I/O error"))
     task = wait_ended(sup, submit(sup, "ECHO", max_retries=0))
     assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
     assert spare in sup.call(lambda: list(sup.idle)) and spare.attempts == 0  # given nothing, kept
@@ -687,16 +694,8 @@ def test_a_task_that_cannot_be_handed_over_crashes_its_attempt(
     make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup = make_supervisor(max_workers=1)
-    assign = children.ExecutorProcess.assign
-    calls: list[str] = []
-
-    def failing_once(self: children.ExecutorProcess, *args: Any, **kwargs: Any) -> children.ExecutorProcess:
-        calls.append("assign")
-        if len(calls) == 1:
-            raise OSError("the executor process read none of its task for 2 s")
-        return assign(self, *args, **kwargs)
-
-    monkeypatch.setattr(children.ExecutorProcess, "assign", failing_once)
+    calls = fail_first_call(monkeypatch, children.ExecutorProcess, "assign",
+                            OSError("the executor process read none of its task for 2 s"))
     task = wait_ended(sup, submit(sup, "ECHO", max_retries=1))
     # The process was ended rather than waited for; the retry ran in another one.
     assert task.status is TaskStatus.COMPLETED and task.retry_count == 1
@@ -709,16 +708,7 @@ def test_an_outcome_that_cannot_be_recorded_is_recorded_at_a_later_tick(
     # Were the attempt forgotten before its outcome was written, its row would stay `running`
     # with nobody watching it until the next restart.
     sup = make_supervisor(max_workers=1, poll_interval=0.05)
-    record = outcomes.record
-    calls: list[str] = []
-
-    def failing_once(*args: Any, **kwargs: Any) -> outcomes.Recorded:
-        calls.append("record")
-        if len(calls) == 1:
-            raise sqlite3.OperationalError("database is locked")
-        return record(*args, **kwargs)
-
-    monkeypatch.setattr(outcomes, "record", failing_once)
+    calls = fail_first_call(monkeypatch, outcomes, "record", sqlite3.OperationalError("database is locked"))
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED and len(calls) == 2
 
@@ -729,16 +719,7 @@ def test_a_process_that_cannot_be_released_does_not_undo_the_recorded_outcome(
     # The outcome is recorded and the attempt forgotten: a failure after that must not roll the
     # record back, or the row would stay `running` with nobody watching it.
     sup = make_supervisor(max_workers=1)
-    put_back = pool.IdleProcesses.put_back
-    calls: list[str] = []
-
-    def failing_once(self: pool.IdleProcesses, process: children.ExecutorProcess) -> None:
-        calls.append("put_back")
-        if len(calls) == 1:
-            raise OSError("cannot keep it")
-        put_back(self, process)
-
-    monkeypatch.setattr(pool.IdleProcesses, "put_back", failing_once)
+    fail_first_call(monkeypatch, pool.IdleProcesses, "put_back", OSError("cannot keep it"))
     first = wait_ended(sup, submit(sup, "ECHO"))
     assert first.status is TaskStatus.COMPLETED
     assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED  # and the loop goes on
