@@ -44,10 +44,9 @@ def end_leftovers(rounds: int = 3, wait: float = 2.0) -> list[int]:
     """SIGKILL every process this one started or adopted that still runs, and reap it; the pids
     ended. One system call when there are none, the usual case."""
     try:
-        if os.waitpid(-1, os.WNOHANG) == (0, 0):
-            pass  # children, none of them ended yet
+        os.waitpid(-1, os.WNOHANG)  # reaps one that ended, if any; raises if there is no child at all
     except ChildProcessError:
-        return []  # no child at all, not even one to reap
+        return []
     import psutil  # only now: an attempt that left nothing does not pay for it
 
     ended: list[int] = []
@@ -58,7 +57,7 @@ def end_leftovers(rounds: int = 3, wait: float = 2.0) -> list[int]:
             found = psutil.Process().children(recursive=True)
         except psutil.Error:
             break
-        alive = [process for process in found if _running(process)]
+        alive = [process for process in found if running(process)]
         if not alive:
             break
         for process in alive:
@@ -72,11 +71,12 @@ def end_leftovers(rounds: int = 3, wait: float = 2.0) -> list[int]:
     return ended
 
 
-def _running(process: Any) -> bool:
-    """Not a zombie, and still there (it may have ended, and been reaped, since it was listed)."""
+def running(process: Any) -> bool:
+    """Still the process it was (psutil checks its start time), and not a zombie: it may have
+    ended, and been reaped, since it was listed."""
     import psutil
 
     try:
-        return bool(process.status() != psutil.STATUS_ZOMBIE)
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False

@@ -30,12 +30,13 @@ import selectors
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence
 
 import psutil
 
 from daemon import models
-from executors._parent import die_with_parent
+from executors._parent import die_with_parent, running
 from executors.base import ExecuteResult
 
 if TYPE_CHECKING:
@@ -54,6 +55,22 @@ class PayloadError(ValueError):
 
 class CommandNotStarted(Exception):
     """The command could not be started (not found, not executable, bad working directory)."""
+
+
+def absolute_path(value: object, key: str) -> Path:
+    """The payload's `key`, an absolute file path (~ expanded); PayloadError says what is wrong."""
+    if not isinstance(value, str) or not value:
+        raise PayloadError(f"{key} (an absolute file path) is required")
+    if "\0" in value:
+        raise PayloadError(f"{key} must not contain a NUL byte: {value!r}")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # "~name" for an unknown user, or "~" without a home directory
+        raise PayloadError(f"{key}: cannot expand the ~ of {value!r} (unknown user?)") from None
+    # Relative to what? The daemon's working directory is no place for a task's files.
+    if not path.is_absolute():
+        raise PayloadError(f"{key} must be an absolute path, not {value!r}")
+    return path
 
 
 def payload_error(message: object) -> ExecuteResult:
@@ -219,7 +236,7 @@ class ProcessGroup:
         the leader while it runs, and those of the ones already seen. (Once the leader has exited,
         its children are the executor process's: a process that detached itself then, or by a
         double fork at once, is left to the end of the attempt, which ends it.)"""
-        roots = [proc for proc in self._escaped.values() if _running(proc)]
+        roots = [proc for proc in self._escaped.values() if running(proc)]
         if not self.leader_exited():
             try:
                 roots.append(psutil.Process(self.pid))
@@ -237,7 +254,7 @@ class ProcessGroup:
                 except OSError:
                     continue
                 known = self._escaped.get(proc.pid)
-                if known is None or not _running(known):  # a pid seen before may name another now
+                if known is None or not running(known):  # a pid seen before may name another now
                     self._escaped[proc.pid] = proc
 
     def leader_exited(self) -> bool:
@@ -260,7 +277,7 @@ class ProcessGroup:
                     members.append(proc.pid)
             except (OSError, psutil.Error):
                 continue
-        members += [proc.pid for proc in self._escaped.values() if _running(proc)]
+        members += [proc.pid for proc in self._escaped.values() if running(proc)]
         return members
 
     def end(self, grace: float, idle: Callable[[float], None]) -> None:
@@ -290,14 +307,6 @@ class ProcessGroup:
         returncode = self.popen.wait()
         self._reaped = True
         return returncode
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Still the process it was (psutil checks its start time) and not a zombie."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def start(

@@ -122,15 +122,7 @@ class DownloadSpec:
 
 
 def _output_path(output: object) -> Path:
-    if not isinstance(output, str) or not output:
-        raise _process.PayloadError("output (an absolute file path) is required")
-    _require("\0" not in output, f"output must not contain a NUL byte: {output!r}")
-    try:
-        path = Path(output).expanduser()
-    except RuntimeError:  # "~name" for an unknown user, or "~" without a home directory
-        raise _process.PayloadError(f"output: cannot expand the ~ of {output!r} (unknown user?)") from None
-    # Relative to what? The daemon's working directory is no place for downloads.
-    _require(path.is_absolute(), f"output must be an absolute path, not {output!r}")
+    path = _process.absolute_path(output, "output")
     try:
         is_dir = path.is_dir()
     except OSError as exc:  # e.g. a name too long
@@ -433,7 +425,6 @@ class DownloadExecutor(TaskExecutor):
         except OSError:
             return False
         return stat.S_ISREG(info.st_mode) and (spec.size is None or info.st_size == spec.size)
-
 
     def skipped_result(self, task: Task) -> dict[str, Any]:
         """What a skipped download's dependents read: its output, and its size."""

@@ -141,9 +141,14 @@ def _launch_each_attempt(
         pid = os.fork()
         if pid == 0:
             reports.close()
-            die_with_parent(launcher)
-            adopt_orphans()
-            _run_assigned_attempt(assignments, control, status, output, taken, rehearsal)
+            try:
+                die_with_parent(launcher)
+                adopt_orphans()
+                _run_assigned_attempt(assignments, control, status, output, taken, rehearsal)
+            except BaseException:
+                traceback.print_exc()  # into the task's log, if it got that far
+            finally:
+                os._exit(1)  # whatever escapes, never back into the launcher's code
         return pid
 
     pid = fork_next()
@@ -339,11 +344,12 @@ def _run_attempt(
     channel.close()  # the result is the attempt's last message
     try:
         frame = encode(message)  # also the check that the result can be stored as JSON
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, MessageTooLarge):
-            message = _error_message(f"the result cannot be sent: {exc}")
-        else:
-            message = _error_message(f"the result cannot be stored as JSON: {exc}")
+    except MessageTooLarge as exc:
+        message = _error_message(f"the result cannot be sent: {exc}")
+        frame = encode(message)
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        message = _error_message(f"the result cannot be stored as JSON: {why}")
         frame = encode(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.

@@ -78,7 +78,8 @@ class TranscodeSpec:
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], *, check_input: bool = True) -> TranscodeSpec:
         """Check the payload (and that the input is a file); PayloadError says what is wrong."""
-        source, target = _path(payload, "input"), _path(payload, "output")
+        source = _process.absolute_path(payload.get("input"), "input")
+        target = _process.absolute_path(payload.get("output"), "output")
         try:
             target_is_dir = stat.S_ISDIR(os.stat(target).st_mode)
         except OSError as exc:
@@ -103,21 +104,6 @@ class TranscodeSpec:
             _options(payload, "args", DEFAULT_ARGS),
             _options(payload, "input_args", ()),
         )
-
-
-def _path(payload: Mapping[str, Any], key: str) -> Path:
-    value = payload.get(key)
-    if not isinstance(value, str) or not value:
-        raise _process.PayloadError(f"{key} (an absolute file path) is required")
-    if "\0" in value:
-        raise _process.PayloadError(f"{key} must not contain a NUL byte: {value!r}")
-    try:
-        path = Path(value).expanduser()
-    except RuntimeError:  # "~name" for an unknown user, or "~" without a home directory
-        raise _process.PayloadError(f"{key}: cannot expand the ~ of {value!r} (unknown user?)") from None
-    if not path.is_absolute():
-        raise _process.PayloadError(f"{key} must be an absolute path, not {value!r}")
-    return path
 
 
 def _options(payload: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -281,6 +267,9 @@ class TranscodeExecutor(TaskExecutor):
         """Remove the partial file an attempt killed mid-way (SIGKILL, a crash, the daemon's
         death: recovery calls this for the tasks it fails as INTERRUPTED) left behind."""
         try:
-            TranscodeSpec.from_payload(task.payload, check_input=False).partial(task.id).unlink(missing_ok=True)
+            # A template's task is stored with its input still "{@0.output}": the spec is built
+            # from what is known here, and the partial file depends on the output alone.
+            payload = {**task.payload, "input": "/"} if task.payload_refs else task.payload
+            TranscodeSpec.from_payload(payload, check_input=False).partial(task.id).unlink(missing_ok=True)
         except (_process.PayloadError, OSError):
             pass

@@ -335,8 +335,6 @@ class StuckAfterResult(TaskExecutor):
     task_type = "STUCK_AFTER_RESULT"
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
-        import logging
-
         class NeverFlushes(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 pass
@@ -446,3 +444,15 @@ class CrashesLeavingAWorker(TaskExecutor):
             os._exit(0)
         write_atomically(task.payload["pid_file"], str(pid))
         os._exit(3)
+
+
+class DeepResult(TaskExecutor):
+    """Returns a result nested far deeper than JSON encoding can go."""
+
+    task_type = "DEEP"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        result: dict[str, Any] = {}
+        for _ in range(5000):
+            result = {"x": result}
+        return ExecuteResult(result=result)

@@ -879,6 +879,18 @@ def test_a_launcher_with_no_waiting_fork_names_no_process_for_an_attempt(launche
     launcher.attempt_pid = waiting
 
 
+def test_a_result_nested_too_deeply_is_an_error_and_the_launcher_goes_on(
+    tmp_path: Path, launcher: children.ExecutorProcess
+) -> None:
+    launcher.assign(make_task("DEEP"), "tests.sample_executors:DeepResult", {}, tmp_path / "a.log", last=False)
+    messages = read_until(launcher, "exited")
+    result, exited = messages[-2], messages[-1]
+    assert result["error_type"] == "EXCEPTION" and "cannot be stored as JSON: it is nested too deeply" in result["error"]
+    assert exited["exitcode"] == 0
+    launcher.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
+    assert result_of(read_until(launcher))["result"]["echo"] == {"n": 2}
+
+
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
     tmp_path: Path, launcher: children.ExecutorProcess
 ) -> None:

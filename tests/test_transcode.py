@@ -162,6 +162,11 @@ def test_a_failed_tasks_partial_file_is_removed(clip: Path, tmp_path: Path) -> N
     neighbour.write_bytes(b"")
     transcode.TranscodeExecutor().on_task_failed(task, ExecuteResult(error="killed", error_type=models.CRASHED))
     assert not partial.exists() and neighbour.exists() and clip.exists()
+    # A template's task, stored with its input still naming the download's result.
+    templated = dataclasses.replace(task, payload={**task.payload, "input": "{@0.output}"}, payload_refs=True)
+    partial.write_bytes(b"half an mp4")
+    transcode.TranscodeExecutor().on_task_failed(templated, ExecuteResult(error="killed", error_type=models.CRASHED))
+    assert not partial.exists()
 
 
 @pytest.mark.parametrize(
