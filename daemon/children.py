@@ -282,7 +282,7 @@ class ExecutorProcess:
 
     @property
     def sentinel(self) -> int:
-        """Becomes ready when the process ends (for `multiprocessing.connection.wait`)."""
+        """Becomes readable when the process ends (the loop waits on it with daemon.pipes.ready)."""
         return self.process.sentinel
 
     def is_alive(self) -> bool:

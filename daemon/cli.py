@@ -174,19 +174,23 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
 
         specs = [specs_input.spec_from_options(task_type, options)]
         submission.parse_spec(specs[0])
-        if options["material_id"] is not None:  # the task's run is about that material too
-            _echo_submitted(call("submit", tasks=specs, material_id=options["material_id"]))
-            return
-    _echo_submitted(call("submit", tasks=specs))
+    # A single task's run is about its material too (a batch takes none: refused above).
+    material = {} if options["material_id"] is None else {"material_id": options["material_id"]}
+    _echo_submitted(call("submit", tasks=specs, **material))
 
 
 def _echo_submitted(reply: dict[str, Any]) -> None:
     """Each task's id on stdout; on stderr, a note for each that was already active."""
     for task in reply.get("tasks", []):
         click.echo(task["id"])
+    _note_already_active(reply)
+
+
+def _note_already_active(reply: dict[str, Any]) -> None:
+    """On stderr, a note for each task of the reply that was already active (not submitted)."""
+    for task in reply.get("tasks", []):
         if not task.get("created", True):
-            message = f"task {task['id']} already active with idempotency key (not submitted again)"
-            click.echo(message, err=True)
+            click.echo(f"task {task['id']} already active with idempotency key (not submitted again)", err=True)
 
 
 def _parse_settings(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
@@ -218,9 +222,7 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
     reply = call("run", template=template, material_id=material_id, params=params)
     if reply.get("run_id") is not None:
         click.echo(reply["run_id"])
-        for task in reply.get("tasks", []):
-            if not task.get("created", True):
-                click.echo(f"task {task['id']} already active with idempotency key (not submitted again)", err=True)
+        _note_already_active(reply)
     else:  # every task of it was already active: there is no new run, only those tasks
         click.echo("no new run: every task of it is already active (idempotency keys)", err=True)
         _echo_submitted(reply)

@@ -162,7 +162,6 @@ class Handlers:
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
 
 
-# What a handler's annotation (a string: `from __future__ import annotations`) lets an argument be.
 def _argument_types() -> dict[str, dict[str, tuple[str, tuple[type, ...]]]]:
     """For each op, its arguments' JSON types, read once from its handler's annotations (strings:
     `from __future__ import annotations`); "Any" is left to the handler. An annotation this does

@@ -11,7 +11,8 @@ from typing import Any
 
 import structlog
 
-from daemon import models, templates
+from daemon import models, outcomes, templates
+from daemon.config import Settings
 from daemon.models import Task
 from daemon.outcomes import Recorded
 from daemon.store import tasks
@@ -32,24 +33,23 @@ class Prepared:
     upstream: dict[str, Any]
 
 
-def prepare(conn: sqlite3.Connection, registry: Registry, task: Task, now: float) -> Prepared | Recorded:
-    """The claimed `task`, ready to run, or how it ended at once (recorded)."""
+def prepare(
+    conn: sqlite3.Connection, settings: Settings, registry: Registry, task: Task, now: float
+) -> Prepared | Recorded:
+    """The claimed `task`, ready to run, or how it ended at once (recorded as any outcome is:
+    these errors are never retried, and the executor's on_task_failed runs after the commit)."""
     bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
     executor = registry.get(task.type)
     if executor is None:
         error = f"no executor is registered for type {task.type}"
-        tasks.fail(conn, task.id, error=error, error_type=models.NO_EXECUTOR, now=now, known=task)
-        bound.warning("task_failed", error_type=models.NO_EXECUTOR)
-        return Recorded("failed")
+        return outcomes.record(conn, settings, task, None, error, models.NO_EXECUTOR, now)
     upstream = tasks.results_of(conn, task.depends_on)
     try:
         resolved = task
         if task.payload_refs:  # a template's task: only there is "{@0.output}" a placeholder
             resolved = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
     except SubmissionRefused as exc:
-        tasks.fail(conn, task.id, error=exc.message, error_type=models.PAYLOAD_ERROR, now=now, known=task)
-        bound.warning("task_failed", error_type=models.PAYLOAD_ERROR, error=exc.message)
-        return Recorded("failed")
+        return outcomes.record(conn, settings, task, executor, exc.message, models.PAYLOAD_ERROR, now)
     try:
         skip = bool(executor.can_skip(resolved))
     except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop

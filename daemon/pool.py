@@ -93,7 +93,7 @@ class IdleProcesses:
         shutdown): end that fork, so that the launcher reports and can be used again."""
         for process in self._processes:
             if process.awaiting_report and self._age(process) > self._settle_timeout and not process.settled():
-                log.warning("executor_stuck_after_result", pid=process.attempt_process, task_id=process.task_id)
+                log.warning("executor_stuck_after_result", pid=process.attempt_process[0] if process.attempt_process else None, task_id=process.task_id)
                 process.kill_tree()
                 self._returned_at[process.pid] = time.monotonic()
 

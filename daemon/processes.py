@@ -1,13 +1,12 @@
 """Processes recognised by pid and start time (SPEC §9), and ended with their whole trees.
 
 A start is a time that no change of the wall clock moves. Executors are recognised long after
-their start was recorded:
-stop escalation, startup recovery. psutil's create_time() is the boot time as the kernel reckons
-it *now* plus the clock ticks from boot to the start, so stepping the wall clock (an NTP
-correction soon after boot, `date -s`) moves every process's create_time by the step, and a
-process recorded before it would no longer be recognised: a stuck task never ended, a leftover
-executor left running. Here a start is the same ticks counted from a boot time fixed once per
-boot and database: the first one a daemon on that database read, kept in the database.
+their start was recorded (stop escalation, startup recovery). psutil's create_time() is the boot
+time as the kernel reckons it *now* plus the clock ticks from boot to the start, so stepping the
+wall clock (an NTP correction soon after boot, `date -s`) moves every process's create_time by
+the step, and a process recorded before it would no longer be recognised: a stuck task never
+ended, a leftover executor left running. Here a start is the same ticks counted from a boot time
+fixed once per boot and database: the first one a daemon on that database read, kept there.
 """
 
 from __future__ import annotations

@@ -41,13 +41,15 @@ log = structlog.get_logger("fredica.recovery")
 @dataclasses.dataclass(frozen=True)
 class RecoveryReport:
     session_id: str
-    interrupted: int
+    interrupted_tasks: tuple[Task, ...]  # failed as INTERRUPTED, for their executors' on_task_failed
     requeued: int
     orphaned: int
     leftover_processes: int
     runs_reconciled: int
-    # The tasks failed as INTERRUPTED, for their executors' on_task_failed (not logged).
-    interrupted_tasks: tuple[Task, ...] = dataclasses.field(default=(), repr=False)
+
+    @property
+    def interrupted(self) -> int:
+        return len(self.interrupted_tasks)
 
 
 def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) -> RecoveryReport:
@@ -70,15 +72,14 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
         reconciled = runs.reconcile_non_terminal(conn, now=now)
     report = RecoveryReport(
         session_id=session_id,
-        interrupted=len(interrupted),
+        interrupted_tasks=tuple(interrupted),
         requeued=len(requeued),
         orphaned=len(orphaned),
         leftover_processes=killed,
         runs_reconciled=len(reconciled),
-        interrupted_tasks=tuple(interrupted),
     )
-    log.info("recovery_finished", **{f.name: getattr(report, f.name) for f in dataclasses.fields(report)
-                                     if f.name != "interrupted_tasks"})
+    log.info("recovery_finished", session_id=session_id, interrupted=report.interrupted, requeued=report.requeued,
+             orphaned=report.orphaned, leftover_processes=killed, runs_reconciled=report.runs_reconciled)
     return report
 
 

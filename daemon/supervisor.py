@@ -311,7 +311,7 @@ class Supervisor:
     # --- dispatch -------------------------------------------------------------------------------
 
     def _dispatch(self, task: Task, now: float) -> None:
-        prepared = dispatch.prepare(self.conn, self.registry, task, now)
+        prepared = dispatch.prepare(self.conn, self.settings, self.registry, task, now)
         if isinstance(prepared, outcomes.Recorded):
             self._note(prepared)  # ended at once: it needs no process
             return

@@ -555,6 +555,27 @@ def test_a_payload_of_its_own_is_never_read_for_placeholders(make_supervisor: Ca
     assert done.status is TaskStatus.COMPLETED and done.result["echo"] == {"text": "{@0.echo.secret} and {{x}}"}
 
 
+def test_a_payload_error_at_dispatch_runs_the_executors_hook(make_supervisor: Callable[..., Supervisor],
+                                                             tmp_path: Path) -> None:
+    # SPEC §6: PAYLOAD_ERROR -> failed, then on_task_failed; also when the payload's references
+    # to upstream results cannot be filled in, before any process is given the task.
+    sup = make_supervisor()
+    hook_file = tmp_path / "hooks"
+    upstream, task = sup.submit([
+        parse_spec({"type": "ECHO", "key": "a"}),
+        dataclasses.replace(parse_spec({"type": "RECORDING_RAISE", "depends_on": ["a"],
+                                        "payload": {"hook_file": str(hook_file), "x": "{@0.missing}"}}),
+                            payload_refs=True),
+    ]).tasks
+    failed = wait_ended(sup, task.id)
+    assert failed.status is TaskStatus.FAILED and failed.error_type == models.PAYLOAD_ERROR
+    assert failed.retry_count == 0 and failed.started_at is None
+    wait_for(hook_file.exists)
+    assert [json.loads(line) for line in hook_file.read_text().splitlines()] == [
+        {"task_id": task.id, "status": "failed", "error_type": "PAYLOAD_ERROR"}
+    ]
+
+
 def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
     sup = make_supervisor()
     output = tmp_path / "out"
