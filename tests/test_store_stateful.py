@@ -206,18 +206,13 @@ class StoreMachine(RuleBasedStateMachine):
             lines.append(line)
         specs = [parse_spec(line) for line in lines]
 
-        refused = any(
-            not ref.startswith("L") and self.model[ref].status in (FAILED, CANCELLED)
-            for line in lines
-            for ref in line["depends_on"]
-        )
-        event(f"submit: {'refused' if refused else 'stored'}")
-        if refused:
-            before = dump(self.conn)
-            with pytest.raises(SubmissionRefused):
-                tasks.submit(self.conn, specs, now=self.now)
-            assert dump(self.conn) == before, "a refused submission stored something"
-            return
+        # A dependency that already failed or was cancelled does not refuse the batch (SPEC §5):
+        # the lines naming it are stored and cancelled at once, with their dependents.
+        dead = {
+            ref for line in lines for ref in line["depends_on"]
+            if not ref.startswith("L") and self.model[ref].status in (FAILED, CANCELLED)
+        }
+        event(f"submit: {'with dead dependencies' if dead else 'stored'}")
 
         submission = tasks.submit(self.conn, specs, now=self.now)
 
@@ -245,7 +240,7 @@ class StoreMachine(RuleBasedStateMachine):
             row = tasks.get(self.conn, outcome.id)
             assert row.seq > max_seq, "strict submission order: seq must grow"
             max_seq = row.seq
-            assert row.status == PENDING and row.priority == line["priority"]
+            assert row.priority == line["priority"]
             assert row.workflow_run_id == submission.run_id
             assert tuple(dict.fromkeys(row.depends_on)) == deps
             self.model[outcome.id] = ModelTask(
@@ -262,9 +257,17 @@ class StoreMachine(RuleBasedStateMachine):
                 holder[key] = outcome.id
             resolved.append(outcome.id)
             created.append(outcome.id)
+        for task_id in created:
+            if dead & set(self.model[task_id].deps) and self.model[task_id].status == PENDING:
+                self._end(task_id, CANCELLED, DEPENDENCY_FAILED)
+                self._cascade([task_id])
+        for task_id in created:
+            row = tasks.get(self.conn, task_id)
+            assert (row.status, row.error_type) == (self.model[task_id].status, self.model[task_id].error_type)
         if created:
             assert submission.run_id is not None
             self.run_tasks[submission.run_id] = created
+            self._settle()  # a batch of only doomed tasks is a run that has ended
         else:
             # Every line was a duplicate: no run is left behind (checked by runs_match_their_tasks).
             assert submission.run_id is None

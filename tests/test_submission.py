@@ -124,13 +124,34 @@ def test_bounds_are_accepted(conn: sqlite3.Connection) -> None:
 
 
 @pytest.mark.parametrize("status", ["failed", "cancelled"])
-def test_dependency_on_a_failed_or_cancelled_task_is_refused(
+def test_dependency_on_a_failed_or_cancelled_task_is_stored_and_cancelled_at_once(
     conn: sqlite3.Connection, stored: dict[str, str], status: str
 ) -> None:
-    before = row_counts(conn)
-    with pytest.raises(SubmissionRefused, match=status):
-        submit(conn, [VALID, {"type": "T", "depends_on": [stored["pending"], stored[status]]}])
-    assert row_counts(conn) == before
+    """SPEC §5: what a script sees must not depend on how fast the upstream task failed."""
+    submission = submit(conn, [
+        VALID,
+        {"type": "T", "key": "doomed", "depends_on": [stored["pending"], stored[status]]},
+        {"type": "T", "depends_on": ["doomed"]},
+        {"type": "T", "idempotency_key": "k-after", "depends_on": [stored["completed"]]},
+    ])
+    valid, doomed, downstream, unaffected = (tasks.get(conn, t.id) for t in submission.tasks)
+    assert all(t.created for t in submission.tasks)
+    assert (doomed.status, doomed.error_type) == (S.CANCELLED, "DEPENDENCY_FAILED")
+    assert stored[status] in (doomed.error or "")
+    assert (downstream.status, downstream.error_type) == (S.CANCELLED, "DEPENDENCY_FAILED")
+    assert valid.status is S.PENDING and unaffected.status is S.PENDING
+    run = runs.get(conn, submission.run_id)
+    assert (run.total_tasks, run.counts.pending, run.counts.cancelled) == (4, 2, 2)
+    assert run.status is RunStatus.RUNNING
+    assert run.counts == runs.counts_from_tasks(conn, run.id)
+
+
+def test_a_batch_of_only_doomed_tasks_is_a_cancelled_run(conn: sqlite3.Connection, stored: dict[str, str]) -> None:
+    submission = submit(conn, [{"type": "T", "depends_on": [stored["failed"]]}])
+    task = tasks.get(conn, submission.tasks[0].id)
+    run = runs.get(conn, submission.run_id)
+    assert task.status is S.CANCELLED and task.completed_at == T0
+    assert run.status is RunStatus.CANCELLED and run.completed_at == T0
 
 
 def test_unknown_dependency_is_named_in_the_error(conn: sqlite3.Connection) -> None:

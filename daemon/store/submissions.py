@@ -21,6 +21,9 @@ from daemon.submission import TaskSpec, resolve_batch
 # Spelled exactly as in the partial index `task_active_idempotency`: SQLite matches the upsert's
 # conflict target against the index's WHERE clause term by term.
 ACTIVE_SQL = "'pending', 'claimed', 'running'"
+# A dependency in one of these can never complete: a task depending on it is cancelled at once
+# rather than refused, so what a script sees never depends on how fast its upstream failed.
+DEAD = (TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,15 +41,26 @@ class Submission:
     run_id: str | None
     tasks: tuple[SubmittedTask, ...]
 
-def submit(
+
+@dataclasses.dataclass(frozen=True)
+class StoredRun:
+    """What `insert_run` stored, and the new tasks that can never run: each with the dependency
+    that had already failed or been cancelled, for the caller to cancel in the same transaction."""
+
+    submission: Submission
+    doomed: tuple[tuple[str, str], ...]
+
+
+def insert_run(
     conn: sqlite3.Connection,
     specs: Sequence[TaskSpec],
     *,
     now: float,
     template: str = "adhoc",
     material_id: str | None = None,
-) -> Submission:
-    """Store a workflow run with `specs` as its tasks, atomically (SPEC §5, §10).
+) -> StoredRun:
+    """Insert a workflow run with `specs` as its tasks, all pending (SPEC §5, §10); the caller's
+    transaction (`tasks.submit`) cancels the doomed ones.
 
     A spec whose idempotency key is held by an active task is not stored: it resolves to that task,
     and later specs depending on it depend on that task. Anything invalid refuses the whole batch.
@@ -56,6 +70,7 @@ def submit(
         external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
         run_id = runs.create(conn, template=template, material_id=material_id, now=now)
         outcomes: list[SubmittedTask] = []
+        doomed: list[tuple[str, str]] = []
         # (seq, status) of each spec's task, for dependencies inside the batch.
         batch: list[tuple[int, TaskStatus]] = []
         for spec, deps in zip(specs, resolved):
@@ -80,12 +95,17 @@ def submit(
             else:
                 outcomes.append(SubmittedTask(inserted[1], created=True))
                 batch.append((inserted[0], TaskStatus.PENDING))
+                dead = next((i for i, (_, status) in by_id.items() if status in DEAD), None)
+                if dead is not None:
+                    # Stored, then cancelled by the caller: its batch dependents go with it, by
+                    # the cascade of that transition.
+                    doomed.append((inserted[1], dead))
         created = sum(o.created for o in outcomes)
         if created:
             runs.add_tasks(conn, run_id, created, now)
         else:
             runs.delete_empty(conn, run_id)
-    return Submission(run_id if created else None, tuple(outcomes))
+    return StoredRun(Submission(run_id if created else None, tuple(outcomes)), tuple(doomed))
 
 
 def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[str, tuple[int, TaskStatus]]:
@@ -99,9 +119,6 @@ def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[s
     for task_id in ids:
         if task_id not in found:
             raise SubmissionRefused(f"unknown dependency {task_id}: no task or earlier line has that id or key")
-        status = found[task_id][1]
-        if status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
-            raise SubmissionRefused(f"dependency {task_id} is {status}: the task could never run")
     return found
 
 

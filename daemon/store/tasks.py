@@ -15,9 +15,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import runs
+from daemon.store import runs, submissions
 from daemon.store.db import write
-from daemon.store.submissions import ACTIVE_SQL, Submission, SubmittedTask, submit  # noqa: F401 (the repository's API)
+from daemon.store.submissions import ACTIVE_SQL, Submission, SubmittedTask  # noqa: F401 (the repository's API)
+from daemon.submission import TaskSpec
 
 # Columns a transition may set besides the status and the timestamps it sets itself.
 TRANSITION_FIELDS = frozenset(
@@ -267,6 +268,29 @@ def transition(
         if expect is not None and TaskStatus(row["status"]) not in set(expect):
             raise InvalidTransition(task_id, row["status"], target.value)
         return _transition(conn, [row], target, now=now, fields=fields)[0]
+
+
+def submit(
+    conn: sqlite3.Connection,
+    specs: Sequence[TaskSpec],
+    *,
+    now: float,
+    template: str = "adhoc",
+    material_id: str | None = None,
+) -> Submission:
+    """Store a workflow run with `specs` as its tasks, atomically (SPEC §5, §10). A task whose
+    dependency has already failed or been cancelled is stored and cancelled at once
+    (`DEPENDENCY_FAILED`), with its dependents in the batch."""
+    with write(conn):
+        stored = submissions.insert_run(conn, specs, now=now, template=template, material_id=material_id)
+        for task_id, dead in stored.doomed:
+            if _current(conn, task_id)["status"] != TaskStatus.PENDING.value:
+                continue  # cancelled already, as a dependent of a doomed task earlier in the batch
+            transition(
+                conn, task_id, TaskStatus.CANCELLED, now=now, expect=[TaskStatus.PENDING],
+                error=f"an upstream task ({dead}) failed or was cancelled", error_type=models.DEPENDENCY_FAILED,
+            )
+    return stored.submission
 
 
 # --- the transitions the supervisor makes -------------------------------------------------------
