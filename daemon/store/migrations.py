@@ -193,7 +193,27 @@ PAYLOAD_REFS = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS)
+# 6: a restart used to supersede every entry still awaiting review, so the restart log emptied
+# itself after two restarts. Now an entry is superseded only by a newer one for the same task
+# (SPEC §9 step 4); the entries the old rule superseded, whose task has no newer entry, come back.
+RESTART_LOG_KEPT = Migration(
+    6,
+    "restart-log entries kept until reviewed",
+    (
+        "CREATE INDEX restart_task_log_by_task ON restart_task_log(task_id, id)",
+        """
+        UPDATE restart_task_log SET disposition = 'pending_review', resolved_at = NULL
+        WHERE disposition = 'superseded' AND NOT EXISTS (
+            SELECT 1 FROM restart_task_log AS newer
+            WHERE newer.task_id = restart_task_log.task_id AND newer.id > restart_task_log.id
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT,
+)
 LATEST = MIGRATIONS[-1].version
 
 

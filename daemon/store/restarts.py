@@ -19,11 +19,13 @@ PENDING_REVIEW = "pending_review"
 
 
 def record(conn: sqlite3.Connection, session_id: str, interrupted: Sequence[Task], *, now: float) -> int:
-    """Log `interrupted` under a new session; older entries still awaiting review are superseded."""
+    """Log `interrupted` under a new session. An older entry stays awaiting review until a user
+    acts on it, whatever restarts come later, unless this one names its task again (SPEC §9)."""
     with write(conn):
-        conn.execute(
-            "UPDATE restart_task_log SET disposition = 'superseded', resolved_at = ? WHERE disposition = ?",
-            (now, PENDING_REVIEW),
+        conn.executemany(
+            "UPDATE restart_task_log SET disposition = 'superseded', resolved_at = ?"
+            " WHERE task_id = ? AND disposition = ?",
+            [(now, task.id, PENDING_REVIEW) for task in interrupted],
         )
         conn.executemany(
             """
