@@ -8,9 +8,10 @@ Rules, in order, before the daemon answers any request or claims anything:
    executor must not keep writing outputs the new session will produce again.
 3. `running` → failed (INTERRUPTED): whether it finished its side effects is unknown, so it is
    not silently re-run. `claimed` → pending: it never started, so it simply runs again.
-4. One restart-log row per task of the snapshot under a new session id; rows of earlier
-   sessions still awaiting review become `superseded`. Pending tasks are not logged: a restart
-   does not touch them, so there is nothing to review.
+4. One restart-log row per task of the snapshot under a new session id. A row of an earlier
+   session stays awaiting review until a user acts on it, unless this session logs its task again
+   (it is then `superseded`). Pending tasks are not logged: a restart does not touch them, so
+   there is nothing to review.
 5. Active tasks whose workflow run does not exist → failed (ORPHANED).
 6. Every non-terminal run is recomputed from its tasks.
 7. Once that is committed, the executors' `on_task_failed` runs for the tasks failed in step 3

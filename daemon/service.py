@@ -7,6 +7,7 @@ connect meanwhile queue up and wait, but it answers nothing until recovery has f
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import importlib.util
 import os
@@ -63,7 +64,16 @@ class DatabaseLock:
 
     def acquire(self) -> None:
         paths.private_dir(self.path.parent)
-        handle = open(self.path, "a+")
+        try:
+            handle = open(self.path, "a+")
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            database = self.path.with_suffix("")
+            raise CannotStart(
+                f"the database {database} cannot be written ({exc.strerror}: {self.path}): make it, its "
+                f"lock file and the directory {self.path.parent} writable for the daemon's user"
+            ) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -157,7 +167,8 @@ def _serve(settings: config.Settings) -> int:
         # Before recovery: a SIGTERM that arrives during it ends the daemon cleanly right after.
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
+        with _starting(f"startup recovery could not write the database {settings.database}"):
+            report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
         recovery.undo_interrupted(supervisor.registry, report.interrupted_tasks)
 
         # Clients that connected during recovery are answered from now on: their requests must
