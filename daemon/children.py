@@ -144,10 +144,12 @@ class ExecutorProcess:
         *,
         last: bool,
         process: tuple[int, float | None] | None = None,
+        limits: endpoint.Limits = endpoint.Limits(),
     ) -> "ExecutorProcess":
         """Send the process its next attempt; OSError if it has died or was given its last one.
 
         `process`: what `next_attempt_process` told the caller, who recorded it (looked up if None).
+        `limits`: what the attempt may leave; its status channel refuses longer messages.
         """
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
@@ -158,7 +160,8 @@ class ExecutorProcess:
         self.attempt_process = process if process is not None else self.next_attempt_process()
         self.awaiting_report = self.fork_each
         self.attempts += 1
-        message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token)
+        self.status.max_message = channel.frame_limit(limits.result_bytes)
+        message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token, limits)
         try:
             pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:
@@ -440,9 +443,10 @@ def spawn(
     log_path: Path,
     *,
     context: ExecutorContext,
+    limits: endpoint.Limits = endpoint.Limits(),
 ) -> ExecutorProcess:
     """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
-    return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True)
+    return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True, limits=limits)
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -67,7 +67,10 @@ TIMEOUT = "TIMEOUT"
 INTERRUPTED = "INTERRUPTED"
 ORPHANED = "ORPHANED"
 DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
-NEVER_RETRIED = frozenset({CANCELLED, AWAITING_CREDENTIAL, PAYLOAD_ERROR, NO_EXECUTOR})
+# A result that is not a JSON object or JSON text, or is larger than max_result_bytes (SPEC §13):
+# the same code would return the same result again.
+BAD_RESULT = "BAD_RESULT"
+NEVER_RETRIED = frozenset({CANCELLED, AWAITING_CREDENTIAL, PAYLOAD_ERROR, NO_EXECUTOR, BAD_RESULT})
 
 
 def _loads(text: str | None) -> Any:

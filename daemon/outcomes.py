@@ -14,7 +14,7 @@ from daemon.models import Task
 from daemon.running import RunningTask
 from daemon.scheduler import Action
 from daemon.store import tasks
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import BadResult, ExecuteResult, TaskExecutor, stored_result
 
 log = structlog.get_logger("fredica.supervisor")
 
@@ -41,6 +41,11 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask
         error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
     elif rt.stop_reason == "cancel" and not succeeded:
         error, error_type = "cancelled by user", models.CANCELLED
+    elif result is None and rt.child.status.oversized is not None:
+        # Refused at its header (the channel is then closed, and the attempt ended).
+        error = (f"the executor sent a message of {rt.child.status.oversized} bytes, more than a result "
+                 f"may take (max_result_bytes: {settings.max_result_bytes})")
+        error_type = models.BAD_RESULT
     elif result is None:
         error = f"executor process died without a result ({children.describe_exit(rt.exit_status())})"
         # The task's own log: the process may have died before it was even given the task.
@@ -49,7 +54,12 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask
             error += "\n" + last_lines
         error_type = models.CRASHED
     elif succeeded:
-        error, error_type = None, None
+        # Checked here too: the executor process checks its own result, but anything may arrive.
+        try:
+            result = ExecuteResult(result=stored_result(result.result, settings.max_result_bytes))
+            error, error_type = None, None
+        except BadResult as exc:
+            error, error_type = str(exc), models.BAD_RESULT
     else:
         error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
     return record(conn, settings, rt.task, rt.executor, error, error_type, now, result)
@@ -82,7 +92,7 @@ def record(
             bound.info("task_completed")
             return Recorded("completed")
         except (TypeError, ValueError) as exc:
-            outcome = scheduler.Outcome(Action.FAIL, f"the result cannot be stored as JSON: {exc}", models.EXCEPTION)
+            outcome = scheduler.Outcome(Action.FAIL, f"the result cannot be stored as JSON: {exc}", models.BAD_RESULT)
     if outcome.action is Action.RETRY:
         tasks.retry(
             conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,

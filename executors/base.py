@@ -14,7 +14,8 @@ Messages on the status channel (child → supervisor), each a dict with a "type"
     {"type": "pause_request", "reason": str}
     {"type": "resume_request"}
     {"type": "log", "level": "WARNING" | "ERROR" | "CRITICAL", "message": str}
-    {"type": "result", "result": <JSON value> | None, "error": str | None, "error_type": str | None}
+    {"type": "result", "result": <JSON object> | <JSON text, as a string> | None, "error": str | None,
+     "error_type": str | None}
 
 Who touches the resume Event (set = running, clear = paused):
 - the supervisor, through its commands, clears it for a user pause, and sets it for a user resume
@@ -28,6 +29,7 @@ Who touches the resume Event (set = running, clear = paused):
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import threading
@@ -47,8 +49,9 @@ MAX_LOG_MESSAGE = 4000
 class ExecuteResult:
     """What `execute` returns: a result on success, or an error and its type.
 
-    `result` is a dict (stored as JSON) or a JSON string. `error is None and error_type is None`
-    means success; setting only `error_type` is still an error.
+    `result` is a dict (stored as JSON) or a JSON string, at most `max_result_bytes` as JSON
+    (`stored_result`). `error is None and error_type is None` means success; setting only
+    `error_type` is still an error.
     """
 
     result: Any = None
@@ -59,6 +62,54 @@ class ExecuteResult:
     def ok(self) -> bool:
         """True when this is a success."""
         return self.error is None and self.error_type is None
+
+
+class BadResult(ValueError):
+    """A result that cannot be an attempt's (SPEC §8, §13); the message says why."""
+
+
+def stored_result(value: Any, max_bytes: int) -> Any:
+    """What a successful attempt's `result` is stored as: a dict as it is, JSON text decoded,
+    None as no result. BadResult if it is anything else, is not plain JSON, or is larger than
+    `max_bytes` as JSON.
+
+    Both ends apply it: the executor process before it sends the result, and the supervisor to
+    what arrives, since an executor can write any message on its channel.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            _within(len(value.encode()), max_bytes)  # measured before parsing: no parse of a huge text
+            return json.loads(value, parse_constant=_not_json)
+        except UnicodeEncodeError as exc:
+            raise BadResult(f"the result is text that is not valid Unicode: {exc.reason}") from None
+        except RecursionError:
+            raise BadResult("the result cannot be stored as JSON: it is nested too deeply") from None
+        except BadResult:
+            raise
+        except ValueError as exc:
+            raise BadResult(f"the result is a string that is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadResult(f"the result must be a dict (a JSON object) or a JSON string, not {type(value).__name__}")
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
+    except RecursionError:
+        raise BadResult("the result cannot be stored as JSON: it is nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # includes UnicodeEncodeError: a lone surrogate
+        raise BadResult(f"the result cannot be stored as JSON: {exc}") from None
+    _within(size, max_bytes)
+    return value
+
+
+def _within(size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise BadResult(f"the result takes {size} bytes as JSON, more than max_result_bytes ({max_bytes})")
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 class TaskExecutor:

@@ -23,9 +23,20 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping
 
 HEADER_SIZE = 4
-# Far above any sensible result; a length beyond it can only be garbage, so the channel is dropped.
+# Far above any result an attempt may send (max_result_bytes); a length beyond it can only be
+# garbage, so the channel is dropped.
 MAX_MESSAGE = 64 * 1024 * 1024
 READ_CHUNK = 64 * 1024  # the default pipe capacity on Linux
+# Room in a message besides its result: every other message is far smaller (their texts are cut
+# to at most 10,000 characters, each at most 7 bytes once escaped).
+MESSAGE_SLACK = 128 * 1024
+
+
+def frame_limit(max_result_bytes: int) -> int:
+    """The longest message an attempt may send when its result may take `max_result_bytes` as
+    JSON: a result given as JSON text is a string in the message, each character escaped to at
+    most two."""
+    return min(MAX_MESSAGE, 2 * max_result_bytes + MESSAGE_SLACK)
 
 
 def poll_now(fd: int) -> int:
@@ -108,6 +119,10 @@ class StatusReader:
         self.closed = False  # True once no further message can arrive
         self.close_reason: str | None = None
         self.broken = False  # closed because it failed, not because the writer was done
+        # A message announced as longer than this closes the channel as soon as its header is
+        # read, before its body is: no executor can make the supervisor hold more (`frame_limit`).
+        self.max_message = MAX_MESSAGE
+        self.oversized: int | None = None  # the length of the message that did
 
     def fileno(self) -> int:
         """The fd the supervisor's loop waits on (daemon.pipes.ready), with the process sentinels."""
@@ -178,6 +193,10 @@ class StatusReader:
         length = int.from_bytes(self._buffer[self._pos : start], "big")
         if length > MAX_MESSAGE:
             self.mark_closed(f"garbled data: a message length of {length} bytes", broken=True)
+            return None
+        if length > self.max_message:
+            self.oversized = length
+            self.mark_closed(f"a message of {length} bytes, over the limit of {self.max_message}", broken=True)
             return None
         if available < HEADER_SIZE + length:
             return None

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import faulthandler
 import gc
-import json
 import logging
 import mmap
 import os
@@ -20,12 +19,12 @@ import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Mapping, NoReturn
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, NoReturn
 
 from daemon import models
 from executors import registry
 from executors._parent import adopt_orphans, die_with_parent, end_leftovers
-from executors.base import ExecuteResult, StatusSink, TaskContext
+from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
 from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
 from executors.steering import ControlReader, Steering
@@ -34,6 +33,13 @@ if TYPE_CHECKING:
     from daemon.models import Task
 
 MAX_ERROR = 10_000
+
+
+class Limits(NamedTuple):
+    """What one attempt may leave (SPEC §13): its result, as JSON, and its log, on disk."""
+
+    result_bytes: int = 1024 * 1024
+    log_bytes: int = 64 * 1024 * 1024
 
 
 # --- the subprocess -------------------------------------------------------------------------------
@@ -85,12 +91,12 @@ def serve(
     steering = ControlReader(control.fileno())
     while True:
         try:
-            task, executor_ref, upstream, log_path, last, attempt = assignments.recv()
+            task, executor_ref, upstream, log_path, last, attempt, limits = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output,
-                                 end_leftovers_first=False)
+        exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
+                                 output, end_leftovers_first=False)
         if last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
@@ -200,9 +206,9 @@ def _run_assigned_attempt(
         os._exit(0)  # dismissed, or the supervisor is gone, before a task came
     taken[0] = 1
     assignments.close()
-    task, executor_ref, upstream, log_path, _last, attempt = pickle.loads(data)
-    exit_code = _run_attempt(task, executor_ref, upstream, log_path, status, steering.steer(attempt), output,
-                             end_leftovers_first=True)
+    task, executor_ref, upstream, log_path, _last, attempt, limits = pickle.loads(data)
+    exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
+                             output, end_leftovers_first=True)
     _shut_down(status, output, exit_code)
 
 
@@ -211,18 +217,19 @@ def _rehearsal_assignment() -> bytes:
     fields = {field.name: None for field in dataclasses.fields(models.Task)}
     fields.update(id="rehearsal", type="REHEARSAL", status=models.TaskStatus.RUNNING, depends_on=(),
                   payload={}, retry_count=0, max_retries=0, is_paused=False, is_pausable=False)
-    return pickle.dumps((models.Task(**fields), "module:Class", {}, "", False, "rehearsal#0"), pickle.HIGHEST_PROTOCOL)
+    assignment = (models.Task(**fields), "module:Class", {}, "", False, "rehearsal#0", Limits())
+    return pickle.dumps(assignment, pickle.HIGHEST_PROTOCOL)
 
 
 def _rehearse(assignment: bytes, steering: ControlReader) -> None:
     """Go through an attempt's steps on a stand-in task while no task waits, touching nothing
     outside this process: in a fresh fork every object first touched costs a copy-on-write page
     fault, and taken now they are not between a task's arrival and its start."""
-    task, _ref, upstream, _log, _last, _attempt = pickle.loads(assignment)
+    task, _ref, upstream, _log, _last, _attempt, limits = pickle.loads(assignment)
     stand_in = Steering("rehearsal#0", steering)  # Events made, never used: the reader stays idle
     TaskContext(task, AttemptChannel(_NoStatus()), stand_in.cancel, stand_in.resume, upstream=upstream)
     AttemptOutput.format_line("INFO", f"task {task.id} ({task.type}) attempt 1 started in pid {os.getpid()}")
-    encode(result_message(ExecuteResult(result={})))
+    encode(result_message(ExecuteResult(result={}), limits.result_bytes))
 
 
 class _NoStatus:
@@ -306,6 +313,7 @@ def _run_attempt(
     executor_ref: str,
     upstream: Mapping[str, Any],
     log_path: str,
+    limits: Limits,
     status: StatusQueue,
     steering: Steering,
     output: AttemptOutput,
@@ -335,7 +343,7 @@ def _run_attempt(
         "INFO",
         f"task {task.id} ({task.type}) attempt {task.retry_count + 1} started in pid {os.getpid()} with {executor_ref}",
     )
-    message = result_message(_execute(task, executor_ref, ctx, output))
+    message = result_message(_execute(task, executor_ref, ctx, output), limits.result_bytes)
     # In a fork of its own, nothing the attempt started may outlive it, not even what detached
     # itself (adopt_orphans): once the supervisor has its result, the task is over.
     left = end_leftovers() if end_leftovers_first else []
@@ -343,13 +351,9 @@ def _run_attempt(
         output.line("WARNING", f"ended {len(left)} processes the task left running: {', '.join(map(str, left))}")
     channel.close()  # the result is the attempt's last message
     try:
-        frame = encode(message)  # also the check that the result can be stored as JSON
-    except MessageTooLarge as exc:
-        message = _error_message(f"the result cannot be sent: {exc}")
         frame = encode(message)
-    except (TypeError, ValueError, RecursionError) as exc:
-        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        message = _error_message(f"the result cannot be stored as JSON: {why}")
+    except (MessageTooLarge, TypeError, ValueError, RecursionError) as exc:  # `stored_result` let it by
+        message = _error_message(f"the result cannot be sent: {type(exc).__name__}: {exc}", models.BAD_RESULT)
         frame = encode(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
@@ -368,30 +372,25 @@ def _run_attempt(
     return exit_code
 
 
-def result_message(outcome: Any) -> dict[str, Any]:
-    """The "result" message for what `execute` returned (whether its result is plain JSON is
-    found when the message is encoded)."""
+def result_message(outcome: Any, max_result_bytes: int) -> dict[str, Any]:
+    """The "result" message for what `execute` returned. A result that cannot be stored is
+    refused here, before anything is sent (BAD_RESULT); JSON text goes as the text, for the
+    supervisor to tell it from any other kind of value."""
     if not isinstance(outcome, ExecuteResult):
         return _error_message(f"execute() returned {type(outcome).__name__}, not an ExecuteResult")
     if not outcome.ok:
         error = outcome.error if outcome.error is not None else outcome.error_type
         error_type = None if outcome.error_type is None else str(outcome.error_type)
         return {"type": "result", "result": None, "error": str(error)[:MAX_ERROR], "error_type": error_type}
-    value = outcome.result
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            return _error_message(f"the result is a string that is not valid JSON: {exc}")
-    elif value is not None and not isinstance(value, dict):
-        return _error_message(
-            f"the result must be a dict, a JSON string or None, not {type(value).__name__}"
-        )
-    return {"type": "result", "result": value, "error": None, "error_type": None}
+    try:
+        stored_result(outcome.result, max_result_bytes)
+    except BadResult as exc:
+        return _error_message(str(exc), models.BAD_RESULT)
+    return {"type": "result", "result": outcome.result, "error": None, "error_type": None}
 
 
-def _error_message(error: str) -> dict[str, Any]:
-    return {"type": "result", "result": None, "error": error, "error_type": models.EXCEPTION}
+def _error_message(error: str, error_type: str = models.EXCEPTION) -> dict[str, Any]:
+    return {"type": "result", "result": None, "error": error[:MAX_ERROR], "error_type": error_type}
 
 
 def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOutput) -> Any:

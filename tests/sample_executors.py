@@ -456,3 +456,31 @@ class DeepResult(TaskExecutor):
         for _ in range(5000):
             result = {"x": result}
         return ExecuteResult(result=result)
+
+
+class RawResult(TaskExecutor):
+    """Writes the payload's `message` on its status channel as it is, as a hostile executor could
+    (no check in between), and exits without another word."""
+
+    task_type = "RAW_RESULT"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        ctx._status.put(task.payload["message"])  # type: ignore[attr-defined]
+        sys.stdout.flush()
+        os._exit(0)
+
+
+class OversizedFrame(TaskExecutor):
+    """Writes the header of a `size`-byte message on its status channel, then its body, as fast as
+    the pipe takes it; writes its pid to `pid_file` first."""
+
+    task_type = "OVERSIZED_FRAME"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        write_atomically(task.payload["pid_file"], str(os.getpid()))
+        size = int(task.payload["size"])
+        queue = ctx._status._status  # type: ignore[attr-defined]
+        queue.put_frame(size.to_bytes(4, "big") + b'{"type":"result","result":{"blob":"')
+        chunk = b"x" * 65536
+        while True:
+            queue.put_frame(chunk)

@@ -50,12 +50,12 @@ def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
 
     def _launch(
         executor: str, payload: dict[str, Any] | None = None, *, context: Any = None,
-        upstream: dict[str, Any] | None = None, ref: str | None = None,
+        upstream: dict[str, Any] | None = None, ref: str | None = None, limits: endpoint.Limits = endpoint.Limits(),
     ) -> children.ExecutorProcess:
         task = make_task(executor.upper(), payload)
         child = children.spawn(
             task, ref or f"tests.sample_executors:{executor}", upstream or {},
-            tmp_path / "logs" / f"{task.id}.log", context=context or forkserver,
+            tmp_path / "logs" / f"{task.id}.log", context=context or forkserver, limits=limits,
         )
         started.append(child)
         return child
@@ -151,8 +151,10 @@ def test_success_sends_the_result_and_exits_0(launch: Launch, start_method: str)
     assert "task task-echo (ECHO) attempt 1 started" in log and "task finished: ok" in log
 
 
-def test_a_json_string_result_arrives_parsed(launch: Launch) -> None:
-    assert result_of(collect(launch("JsonText")))["result"] == {"text": True}
+def test_a_json_string_result_arrives_as_its_text(launch: Launch) -> None:
+    # The text itself, so that the supervisor can tell JSON text from any other kind of value
+    # (a list, sent as one, is no result: BAD_RESULT); it stores the text decoded.
+    assert result_of(collect(launch("JsonText", {"json": "[1, 2]"})))["result"] == "[1, 2]"
 
 
 def test_upstream_results_reach_the_executor(launch: Launch) -> None:
@@ -172,18 +174,22 @@ def test_an_exception_is_an_exception_result_with_its_traceback_in_the_log(launc
 
 
 @pytest.mark.parametrize(
-    ("kind", "error"),
+    ("kind", "error", "error_type"),
     [
-        ("object", "the result cannot be stored as JSON: Object of type object is not JSON serializable"),
-        ("nan", "the result cannot be stored as JSON: Out of range float values are not JSON compliant"),
-        ("list", "the result must be a dict, a JSON string or None, not list"),
-        ("bad_json", "the result is a string that is not valid JSON"),
-        ("not_a_result", "execute() returned dict, not an ExecuteResult"),
+        ("object", "the result cannot be stored as JSON: Object of type object is not JSON serializable",
+         models.BAD_RESULT),
+        ("nan", "the result cannot be stored as JSON: Out of range float values are not JSON compliant",
+         models.BAD_RESULT),
+        ("list", "the result must be a dict (a JSON object) or a JSON string, not list", models.BAD_RESULT),
+        ("bad_json", "the result is a string that is not valid JSON", models.BAD_RESULT),
+        ("not_a_result", "execute() returned dict, not an ExecuteResult", models.EXCEPTION),  # a bug, no result
     ],
 )
-def test_an_unusable_result_is_an_exception(launch: Launch, kind: str, error: str) -> None:
+def test_an_unusable_result_is_refused_in_the_executor_process(
+    launch: Launch, kind: str, error: str, error_type: str
+) -> None:
     result = result_of(collect(launch("BadResult", {"kind": kind})))
-    assert result["error"].startswith(error) and result["error_type"] == models.EXCEPTION
+    assert result["error"].startswith(error) and result["error_type"] == error_type
 
 
 def test_an_error_type_alone_is_an_error(launch: Launch) -> None:
@@ -196,14 +202,19 @@ def test_an_unimportable_executor_is_an_exception_in_the_child(launch: Launch) -
     assert result["error_type"] == models.EXCEPTION and "cannot import module 'tests.no_such_module'" in result["error"]
 
 
-def test_a_result_over_the_message_limit_is_an_exception(launch: Launch) -> None:
-    result = result_of(collect(launch("BigResult", {"size": channel.MAX_MESSAGE})))
-    assert result["error"].startswith("the result cannot be sent: message of")
-    assert result["error_type"] == models.EXCEPTION
+def test_a_result_over_max_result_bytes_is_refused_before_it_is_sent(launch: Launch) -> None:
+    limits = endpoint.Limits(result_bytes=1000)
+    # {"blob":"x...x"}: 11 bytes around the blob.
+    assert result_of(collect(launch("BigResult", {"size": 989}, limits=limits)))["error"] is None
+    messages = collect(launch("BigResult", {"size": 990}, limits=limits))
+    assert messages == [{  # the one message, without the result
+        "type": "result", "result": None, "error_type": models.BAD_RESULT,
+        "error": "the result takes 1001 bytes as JSON, more than max_result_bytes (1000)",
+    }]
 
 
 def test_a_big_result_is_reassembled(launch: Launch) -> None:
-    result = result_of(collect(launch("BigResult", {"size": 3_000_000})))
+    result = result_of(collect(launch("BigResult", {"size": 3_000_000}, limits=endpoint.Limits(result_bytes=4_000_000))))
     assert result["result"] == {"blob": "x" * 3_000_000}
 
 
@@ -429,11 +440,13 @@ def test_text_that_is_not_valid_unicode_is_sent_escaped() -> None:
     name = os.fsdecode(b"clip\xff.mp4")
     frame = channel.encode({"type": "progress", "percent": 5, "text": f"encoding {name}"})
     assert json.loads(frame[channel.HEADER_SIZE:]) == {"type": "progress", "percent": 5, "text": "encoding clip\\udcff.mp4"}
-    result = endpoint.result_message(ExecuteResult(error=f"cannot read {name}", error_type="CANCELLED"))
+    result = endpoint.result_message(ExecuteResult(error=f"cannot read {name}", error_type="CANCELLED"), 1000)
     assert json.loads(channel.encode(result)[channel.HEADER_SIZE:])["error_type"] == "CANCELLED"
     # A result's value is what other tasks read ("{download.output}"): never altered, refused.
     with pytest.raises(ValueError):
-        channel.encode(endpoint.result_message(ExecuteResult(result={"output": f"/media/{name}"})))
+        channel.encode({"type": "result", "result": {"output": f"/media/{name}"}})
+    refused = endpoint.result_message(ExecuteResult(result={"output": f"/media/{name}"}), 1000)
+    assert refused["error_type"] == models.BAD_RESULT and "surrogates not allowed" in refused["error"]
 
 
 def test_self_pause_then_self_resume_from_a_thread(launch: Launch) -> None:
@@ -885,7 +898,7 @@ def test_a_result_nested_too_deeply_is_an_error_and_the_launcher_goes_on(
     launcher.assign(make_task("DEEP"), "tests.sample_executors:DeepResult", {}, tmp_path / "a.log", last=False)
     messages = read_until(launcher, "exited")
     result, exited = messages[-2], messages[-1]
-    assert result["error_type"] == "EXCEPTION" and "cannot be stored as JSON: it is nested too deeply" in result["error"]
+    assert result["error_type"] == "BAD_RESULT" and "cannot be stored as JSON: it is nested too deeply" in result["error"]
     assert exited["exitcode"] == 0
     launcher.assign(make_task("ECHO", {"n": 2}), "tests.sample_executors:Echo", {}, tmp_path / "b.log", last=False)
     assert result_of(read_until(launcher))["result"]["echo"] == {"n": 2}
