@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from daemon import protocol
 from daemon.errors import FredicaError
+from executors import tasklog
 
 _START_HINT = "start it with `fredica daemon`"
 
@@ -95,41 +96,46 @@ def _unwrap(reply: dict[str, Any]) -> Any:
 
 
 class LogFile:
-    """A log file read from its end, then followed across rotation (new inode) and truncation."""
+    """A log file read from its end, then followed across rotation and truncation. Rotated by
+    renaming (the daemon's log: a new file at the path), or by copying to `<path>.1` and
+    truncating (a task's log, `executors.tasklog`): either way `<path>.1` holds what came before,
+    and is read too."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.rotated = Path(tasklog.rotated(str(path)))
         self.handle: Any = None
         self.partial = b""
+        self._rotated_seen: tuple[int, ...] | None = None  # `rotated` as it was when last looked at
 
     def _open(self) -> bool:
         try:
             self.handle = open(self.path, "rb")
         except FileNotFoundError:
             return False
+        self._rotated_seen = _identity(self.rotated)
         return True
 
     def last(self, count: int, keep_partial: bool) -> list[str] | None:
         """The last `count` lines (None when there is no file yet); the position stays at the end.
+        Those the file lacks come from the end of `<path>.1`.
 
         With keep_partial an unfinished last line is held back, to be completed while following.
         """
         if not self._open():
             return None
-        end = self.handle.seek(0, os.SEEK_END)
-        data, start = b"", end
-        while start > 0 and count > 0 and data.rstrip(b"\n").count(b"\n") < count:
-            step = min(1 << 16, start)
-            start -= step
-            self.handle.seek(start)
-            data = self.handle.read(step) + data
-        self.handle.seek(end)
-        lines = data.split(b"\n")
-        fragment = lines.pop()  # b"" when the data ends with a newline
+        lines, fragment = _last_lines(self.handle, count)
         if fragment and keep_partial:
             self.partial = fragment
         elif fragment:
             lines.append(fragment)
+        if len(lines) < count:
+            try:
+                with open(self.rotated, "rb") as older:
+                    earlier, fragment = _last_lines(older, count - len(lines))
+            except FileNotFoundError:
+                earlier, fragment = [], b""
+            lines = earlier + ([fragment] if fragment else []) + lines
         return [_decode(line) for line in lines[-count:]] if count else []
 
     def follow(
@@ -171,13 +177,39 @@ class LogFile:
                 self.handle = None
                 if not self._open():
                     return
+            elif (rotated := _identity(self.rotated)) != self._rotated_seen:
+                self._rotated_seen = rotated
+                # Copied there, not renamed there (halfway through the daemon log's renames, our
+                # file may be about to become `<path>.1`, or just have).
+                if rotated is not None and rotated[:2] != (ours.st_ino, ours.st_dev):
+                    self._read_rotated(emit)
+                    self.handle.seek(0)
             elif on_disk.st_size < self.handle.tell():
                 self._flush(emit)
                 self.handle.seek(0)
         self._drain(emit)
 
-    def _drain(self, emit: Callable[[str], None]) -> None:
-        while chunk := self.handle.read(1 << 16):
+    def _read_rotated(self, emit: Callable[[str], None]) -> None:
+        """The file was copied to `<path>.1` and truncated: what followed our position is there."""
+        position = self.handle.tell()
+        try:
+            with open(self.rotated, "rb") as older:
+                head = older.readline()
+                left_out = tasklog.dropped(head)
+                if left_out is None:
+                    older.seek(position)
+                elif position >= left_out:  # only the end was kept, after a line that says so
+                    older.seek(len(head) + position - left_out)
+                else:  # we were behind what was kept: what is left starts with that line
+                    self._flush(emit)
+                    older.seek(0)
+                self._drain(emit, older)
+        except FileNotFoundError:
+            pass
+        self._flush(emit)
+
+    def _drain(self, emit: Callable[[str], None], handle: Any = None) -> None:
+        while chunk := (handle or self.handle).read(1 << 16):
             *lines, self.partial = (self.partial + chunk).split(b"\n")
             for line in lines:
                 emit(_decode(line))
@@ -190,6 +222,31 @@ class LogFile:
     def close(self) -> None:
         if self.handle is not None:
             self.handle.close()
+
+
+def _last_lines(handle: Any, count: int) -> tuple[list[bytes], bytes]:
+    """The last `count` whole lines of an open file, and the unfinished line after them (b"" if
+    the file ends with a newline); the file is left positioned at its end."""
+    end = handle.seek(0, os.SEEK_END)
+    data, start = b"", end
+    while start > 0 and count > 0 and data.rstrip(b"\n").count(b"\n") < count:
+        step = min(1 << 16, start)
+        start -= step
+        handle.seek(start)
+        data = handle.read(step) + data
+    handle.seek(end)
+    lines = data.split(b"\n")
+    fragment = lines.pop()
+    return (lines[-count:] if count else []), fragment
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """Tells one file at `path` from the next one put there (None: no file)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (found.st_ino, found.st_dev, found.st_mtime_ns)
 
 
 def _decode(line: bytes) -> str:

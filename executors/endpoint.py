@@ -330,7 +330,7 @@ def _run_attempt(
     """
     channel = AttemptChannel(status)
     try:
-        output.begin(log_path)
+        output.begin(log_path, limits.log_bytes)
         ctx = TaskContext(
             task, channel, steering.cancel, steering.resume, upstream=upstream, log=lambda: output.task_logger(task)
         )
@@ -344,6 +344,7 @@ def _run_attempt(
         f"task {task.id} ({task.type}) attempt {task.retry_count + 1} started in pid {os.getpid()} with {executor_ref}",
     )
     message = result_message(_execute(task, executor_ref, ctx, output), limits.result_bytes)
+    output.keep_within_limit()  # what its commands wrote straight to the log is counted nowhere else
     # In a fork of its own, nothing the attempt started may outlive it, not even what detached
     # itself (adopt_orphans): once the supervisor has its result, the task is over.
     left = end_leftovers() if end_leftovers_first else []

@@ -1,20 +1,27 @@
-"""Where an executor process's output goes: fds 1 and 2, pointed at each attempt's task log.
+"""Where an executor process's output goes: fds 1 and 2, pointed at each attempt's task log,
+which is kept within its limit (`executors.tasklog`).
 
 Used by `executors.endpoint`; the lines it writes are formatted as the task loggers' are.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from executors import tasklog
+
 if TYPE_CHECKING:
     from daemon.models import Task
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+# How much of its own output the process writes between two looks at the log's size, at most
+# (what the commands it started write straight to the fds is seen at the next look).
+CHECK_EVERY = 1024 * 1024
 
 
 class AttemptOutput:
@@ -31,15 +38,19 @@ class AttemptOutput:
     def __init__(self) -> None:
         self._attempts = 0
         self.handler: logging.Handler | None = None
+        self.log_path: str | None = None  # the current attempt's log
+        self._keep = 0  # half of its max_task_log_bytes: the size it is rotated at
+        self._unchecked = 0  # bytes written through our streams since the last look at its size
+        self._check_every = CHECK_EVERY
         self._setup()
 
     def _setup(self) -> None:
         # Line-buffered: what was printed just before a crash is in the log for the CRASHED error.
-        self._stdout = _text_stream(1)
-        self._stderr = _text_stream(2)
+        self._stdout = self._text_stream(1)
+        self._stderr = self._text_stream(2)
         # The endpoint's own lines go through fd 2 too (a stream of our own: the executor may
         # replace sys.stderr), so they interleave in order with what the executor prints.
-        self._lines = _text_stream(2)
+        self._lines = self._text_stream(2)
         handler = logging.StreamHandler(self._lines)
         self._formatter = logging.Formatter(LOG_FORMAT)
         handler.setFormatter(self._formatter)
@@ -51,17 +62,45 @@ class AttemptOutput:
         root.setLevel(logging.WARNING)
         self.handler = handler
 
-    def begin(self, log_path: str) -> None:
-        """Point fds 1 and 2 at the task's log (so the executor's own children write there too)."""
+    def begin(self, log_path: str, max_bytes: int) -> None:
+        """Point fds 1 and 2 at the task's log (so the executor's own children write there too),
+        kept within `max_bytes`."""
         self.flush()  # what an earlier attempt left buffered belongs to its own log
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        self.log_path, self._keep = log_path, max(1, max_bytes // 2)
+        self._check_every = max(4096, min(self._keep // 8, CHECK_EVERY))
+        self._unchecked = 0
+        self.keep_within_limit()  # a retry appends to the log of the attempts before it
         if self._attempts and not self._intact():
             self._setup()
         self._attempts += 1
         sys.stdout, sys.stderr = self._stdout, self._stderr
+
+    def keep_within_limit(self) -> None:
+        """Rotate the attempt's log if it has reached half its limit (a look at its size, usually
+        all this costs)."""
+        if self.log_path is None:
+            return
+        try:
+            if os.fstat(1).st_size < self._keep:
+                return
+        except OSError:
+            pass  # fd 1 closed by the executor: the rotation looks by the path
+        tasklog.rotate(self.log_path, self._keep)
+
+    def _wrote(self, count: int) -> None:
+        self._unchecked += count
+        if self._unchecked >= self._check_every:
+            self._unchecked = 0
+            self.keep_within_limit()
+
+    def _text_stream(self, fd: int) -> Any:
+        encoding, errors = _STREAM_CODING
+        raw = _CountedFd(fd, self._wrote)
+        return io.TextIOWrapper(io.BufferedWriter(raw), encoding=encoding, errors=errors, line_buffering=True)
 
     def _intact(self) -> bool:
         """Whether the streams and the root logger are as `_setup` left them: an earlier attempt
@@ -121,6 +160,21 @@ class AttemptOutput:
 _STREAM_CODING = ("utf-8", "backslashreplace")
 
 
-def _text_stream(fd: int) -> Any:
-    encoding, errors = _STREAM_CODING
-    return open(fd, "w", buffering=1, encoding=encoding, errors=errors, closefd=False)
+class _CountedFd(io.RawIOBase):
+    """An fd (never closed here) as a raw stream that counts what goes through it."""
+
+    def __init__(self, fd: int, wrote: Any) -> None:
+        super().__init__()
+        self._fd = fd
+        self._wrote = wrote
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data: Any) -> int:
+        written = os.write(self._fd, data)
+        self._wrote(written)
+        return written

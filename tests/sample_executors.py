@@ -484,3 +484,25 @@ class OversizedFrame(TaskExecutor):
         chunk = b"x" * 65536
         while True:
             queue.put_frame(chunk)
+
+
+class LogFlood(TaskExecutor):
+    """Prints lines "line <i> xxx..." for i in 1..n (each `width` characters wide) through its
+    stdout, or with `direct`, has `seq` write them straight to the fd it inherited; then, with
+    `hold_file`, waits for that file to exist (writing `ready_file` first)."""
+
+    task_type = "LOG_FLOOD"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        p = task.payload
+        n, width = int(p["n"]), int(p.get("width", 100))
+        if p.get("direct"):
+            subprocess.run(["seq", "-f", "line %.0f " + "x" * (width - 12), str(n)], check=True)
+        else:
+            for i in range(1, n + 1):
+                print(f"line {i} ".ljust(width, "x"))
+        if "hold_file" in p:
+            write_atomically(p["ready_file"], "ready")
+            while not Path(p["hold_file"]).exists() and not ctx.wait_cancelled(0.01):
+                pass
+        return ExecuteResult(result={"lines": n})
