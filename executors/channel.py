@@ -20,7 +20,7 @@ import os
 import select
 import threading
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 HEADER_SIZE = 4
 # Far above any result an attempt may send (max_result_bytes); a length beyond it can only be
@@ -89,6 +89,9 @@ class StatusQueue:
         # Executor threads may report concurrently; a message bigger than PIPE_BUF takes several
         # writes, which must not interleave with another thread's.
         self._lock = threading.Lock()
+        # Called, instead of raising BrokenPipeError, once the supervisor's end is gone: the
+        # attempt is then ended as one whose daemon died (executors._parent), not by a traceback.
+        self.on_broken: Callable[[], NoReturn] | None = None
 
     def put(self, message: Mapping[str, Any]) -> None:
         """Send `message` (encoded before anything is written, so a bad one sends nothing)."""
@@ -99,7 +102,12 @@ class StatusQueue:
         data = memoryview(frame)
         with self._lock:
             while data:
-                written = os.write(self._fd, data)
+                try:
+                    written = os.write(self._fd, data)
+                except BrokenPipeError:
+                    if self.on_broken is None:
+                        raise
+                    self.on_broken()
                 data = data[written:]
 
     def close(self) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import gc
 import logging
-import mmap
 import os
 import pickle
 import select
@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, NoReturn
 
 from daemon import models
 from executors import registry
-from executors._parent import adopt_orphans, die_with_parent, end_leftovers
+from executors._parent import (
+    LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
+    end_orphaned_attempt, watch_daemon,
+)
 from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
 from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
@@ -86,8 +89,11 @@ def serve(
     output = AttemptOutput()
     # What an attempt's processes orphan becomes ours (a launcher's: what a fork that died left).
     adopt_orphans()
+    state = AttemptState()
     if reports is not None:
-        _launch_each_attempt(assignments, control, status, StatusQueue(reports), output)
+        _launch_each_attempt(assignments, control, status, StatusQueue(reports), output, state)
+    status.on_broken = functools.partial(end_orphaned_attempt, state)
+    watch_daemon(control.fileno(), state)
     steering = ControlReader(control.fileno())
     while True:
         try:
@@ -95,8 +101,9 @@ def serve(
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
+        state.take()
         exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
-                                 output, end_leftovers_first=False)
+                                 output, state, end_leftovers_first=False)
         if last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
@@ -113,7 +120,12 @@ def _close_on_exec_above_stderr() -> None:
 
 
 def _launch_each_attempt(
-    assignments: Connection, control: Connection, status: StatusQueue, reports: StatusQueue, output: AttemptOutput
+    assignments: Connection,
+    control: Connection,
+    status: StatusQueue,
+    reports: StatusQueue,
+    output: AttemptOutput,
+    state: AttemptState,
 ) -> NoReturn:
     """Run every attempt in a fresh fork of this process, which itself never runs executor code.
 
@@ -126,16 +138,14 @@ def _launch_each_attempt(
     supervisor sends the next task only after that report, so a fork is the pipe's only reader.
     An attempt killed half-way through a message can garble only the status channel, never these
     reports. A launcher that dies takes its attempt with it (PR_SET_PDEATHSIG), so an attempt
-    never outlives the process the supervisor knows it by.
+    never outlives the process the supervisor knows it by; and a launcher whose daemon dies ends
+    the attempt under way (`_await_fork`).
     """
     launcher = os.getpid()
     try:
         rehearsal: bytes | None = _rehearsal_assignment()
     except Exception:
         rehearsal = None  # no head start, but a working launcher
-    # Shared with every fork: set once it has read its whole assignment. A fork that died before
-    # that may have left the pipe in the middle of a message, which the next fork must never read.
-    taken = mmap.mmap(-1, 1)
     # Everything made so far (the preloaded modules, the rehearsal's assignment) stays as long as
     # the launcher: moved out of the collector's generations, the forks' collections never walk
     # it, and what they touch spans fewer pages (measured: ~50 fewer copy-on-write faults a fork).
@@ -143,14 +153,15 @@ def _launch_each_attempt(
     gc.freeze()
 
     def fork_next() -> int:
-        taken[0] = 0
+        state.reset()
         pid = os.fork()
         if pid == 0:
             reports.close()
             try:
                 die_with_parent(launcher)
                 adopt_orphans()
-                _run_assigned_attempt(assignments, control, status, output, taken, rehearsal)
+                status.on_broken = functools.partial(await_end, control.fileno())
+                _run_assigned_attempt(assignments, control, status, output, state, rehearsal)
             except BaseException:
                 traceback.print_exc()  # into the task's log, if it got that far
             finally:
@@ -160,9 +171,11 @@ def _launch_each_attempt(
     pid = fork_next()
     reports.put({"type": "forked", "pid": pid})
     while True:
-        _, wait_status = os.waitpid(pid, 0)
-        exitcode = os.waitstatus_to_exitcode(wait_status)
-        if not taken[0]:
+        exitcode = _await_fork(pid, control.fileno(), state)
+        # `state`, shared with every fork, is taken once it has read its whole assignment. A fork
+        # that died before that may have left the pipe in the middle of a message, which the
+        # next fork must never read.
+        if state.state == AttemptState.IDLE:
             if _hung_up(assignments.fileno()):
                 _shut_down(status, output, 0)  # dismissed, or the supervisor is gone: the fork read end-of-file
             # It died waiting, perhaps while a task was on its way: say how, and end here. The
@@ -186,12 +199,39 @@ def _launch_each_attempt(
             _shut_down(status, output, 1)  # the supervisor is gone
 
 
+def _await_fork(pid: int, control_fd: int, state: AttemptState) -> int:
+    """Wait for the fork `pid` to exit; its exit status. Meanwhile its log is kept within its
+    limit (what the fork writes itself is counted as it goes, not what its commands write straight
+    to the log), and a daemon that dies ends the attempt under way (`end_orphaned_attempt`)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # before Linux 5.3: its exit only
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(control_fd, 0)  # its hang-up only: the commands are the fork's to read
+        while True:
+            events = dict(poller.poll(LOOK_INTERVAL * 1000))
+            if pidfd in events:
+                break
+            if daemon_gone(events.get(control_fd, 0)):
+                if state.state == AttemptState.TAKEN:
+                    end_orphaned_attempt(state)
+                # Waiting for its task, it reads end-of-file; having sent its result, it ends.
+                poller.unregister(control_fd)
+            state.keep_log_within_limit()
+    finally:
+        os.close(pidfd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def _run_assigned_attempt(
     assignments: Connection,
     control: Connection,
     status: StatusQueue,
     output: AttemptOutput,
-    taken: mmap.mmap,
+    state: AttemptState,
     rehearsal: bytes | None,
 ) -> NoReturn:
     """The forked attempt: wait for its task on the assignment pipe, run it, exit."""
@@ -204,11 +244,11 @@ def _run_assigned_attempt(
     data = _read_message(assignments.fileno())
     if data is None:
         os._exit(0)  # dismissed, or the supervisor is gone, before a task came
-    taken[0] = 1
+    state.take()
     assignments.close()
     task, executor_ref, upstream, log_path, _last, attempt, limits = pickle.loads(data)
     exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
-                             output, end_leftovers_first=True)
+                             output, state, end_leftovers_first=True)
     _shut_down(status, output, exit_code)
 
 
@@ -317,6 +357,7 @@ def _run_attempt(
     status: StatusQueue,
     steering: Steering,
     output: AttemptOutput,
+    state: AttemptState,
     *,
     end_leftovers_first: bool,
 ) -> int:
@@ -329,6 +370,7 @@ def _run_attempt(
     and ends them when it exits.
     """
     channel = AttemptChannel(status)
+    state.log_to(log_path, limits.log_bytes)
     try:
         output.begin(log_path, limits.log_bytes)
         ctx = TaskContext(
@@ -365,8 +407,9 @@ def _run_attempt(
     output.flush()
     exit_code = 0
     try:
-        status.put_frame(frame)
-    except OSError as exc:  # the supervisor is gone: nobody left to report to
+        status.put_frame(frame)  # the supervisor gone: its `on_broken` ends the attempt, no return
+        state.reported()
+    except OSError as exc:
         output.line("ERROR", f"cannot report the result: {exc}")
         exit_code = 1
     output.flush()

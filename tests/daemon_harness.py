@@ -25,6 +25,7 @@ SAMPLE_EXECUTORS = {
     "SELF_PAUSE": "tests.sample_executors:SelfPause",
     "IMPORTED": "tests.sample_executors:Imported",
     "RECORDING_HANG": "tests.hook_executors:RecordingHang",
+    "FAMILY": "tests.sample_executors:Family",
 }
 
 

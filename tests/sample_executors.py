@@ -506,3 +506,22 @@ class LogFlood(TaskExecutor):
             while not Path(p["hold_file"]).exists() and not ctx.wait_cancelled(0.01):
                 pass
         return ExecuteResult(result={"lines": n})
+
+
+class Family(TaskExecutor):
+    """Starts `sleep 600`, and `sleep 600` in a session of its own (detached), writes their pids to
+    `pid_file` (a line each), then waits forever: silently, or reporting progress every 10 ms
+    when `chatty`."""
+
+    task_type = "FAMILY"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        child = subprocess.Popen(["sleep", "600"])
+        detached = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        write_atomically(task.payload["pid_file"], f"{child.pid}\n{detached.pid}\n")
+        step = 0
+        while True:
+            if task.payload.get("chatty"):
+                step += 1
+                ctx.progress(step % 100, f"step {step}")
+            threading.Event().wait(0.01 if task.payload.get("chatty") else None)

@@ -61,15 +61,12 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     assert len(idle) == 2  # the warm spare launcher and the fork it keeps waiting
 
     d.kill9()
-    # The executors outlive the supervisor; processes with no task end with it.
-    assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])
-    for pid in idle:
-        wait_for(lambda: gone(pid))
-    assert all(not gone(pid) for pid in [*executor_pids, grandchild_pid])  # still, once those are gone
+    # Every executor process ends with the supervisor (SPEC §13): those with no task, and those
+    # running one, with their trees (the tasks' own test: tests/test_daemon_death.py).
+    for pid in [*idle, *executor_pids, grandchild_pid, *launchers]:
+        wait_for(lambda: gone(pid), timeout=5)
 
     d.start()
-    for pid in [*executor_pids, grandchild_pid, *launchers]:
-        wait_for(lambda: gone(pid))
     for task_id in (hang, grand_id):
         task = d.task(task_id)
         assert task["status"] == "failed" and task["error_type"] == "INTERRUPTED"
@@ -516,26 +513,34 @@ def test_a_request_during_recovery_waits_and_is_applied_whole(daemons, tmp_path:
     hang = d.submit("HANG", payload={"ready_file": str(ready), "ignore_sigterm": True})
     wait_for(ready.exists)
     leftover = int(ready.read_text())
-    d.kill9()
-    recoveries = sum(e["event"] == "recovery_finished" for e in d.log_events())  # the first start's
+    # Stopped, it cannot end itself when its daemon dies, as it otherwise would: a leftover
+    # for recovery to end (SIGTERM, which it cannot act on, then SIGKILL), as after a suspend.
+    launcher = psutil.Process(leftover).parent()
+    for process in (launcher, psutil.Process(leftover)):
+        process.suspend()
+    try:
+        d.kill9()
+        recoveries = sum(e["event"] == "recovery_finished" for e in d.log_events())  # the first start's
 
-    d.start(wait=False)
-    # Recovery is now waiting for the leftover that ignores SIGTERM (cancel_grace before SIGKILL).
-    wait_for(lambda: any(e["event"] == "leftover_executor" for e in d.log_events()))
-    wait_for(d.socket.exists)
-    # The request comes during this recovery, which has not finished.
-    assert sum(e["event"] == "recovery_finished" for e in d.log_events()) == recoveries
-    reply = d.request("submit", tasks=[{"type": "ECHO", "payload": {"during": "recovery"}}])
-    assert reply["ok"], reply
-    new_task = d.wait_task(reply["data"]["tasks"][0]["id"], "completed")
-    # It was stored only after recovery had finished: recovery could not have touched it.
-    finished = [e for e in d.log_events() if e["event"] == "recovery_finished"][-1]
-    finished_at = datetime.datetime.fromisoformat(finished["timestamp"]).timestamp()
-    assert finished_at <= new_task["created_at"]
-    assert finished["interrupted"] == 1
-    assert new_task["payload"] == {"during": "recovery"}
-    assert d.task(hang)["error_type"] == "INTERRUPTED"
-    assert gone(leftover)
+        d.start(wait=False)
+        # Recovery is now waiting for the leftover that ignores SIGTERM (cancel_grace before SIGKILL).
+        wait_for(lambda: any(e["event"] == "leftover_executor" for e in d.log_events()))
+        wait_for(d.socket.exists)
+        # The request comes during this recovery, which has not finished.
+        assert sum(e["event"] == "recovery_finished" for e in d.log_events()) == recoveries
+        reply = d.request("submit", tasks=[{"type": "ECHO", "payload": {"during": "recovery"}}])
+        assert reply["ok"], reply
+        new_task = d.wait_task(reply["data"]["tasks"][0]["id"], "completed")
+        # It was stored only after recovery had finished: recovery could not have touched it.
+        finished = [e for e in d.log_events() if e["event"] == "recovery_finished"][-1]
+        finished_at = datetime.datetime.fromisoformat(finished["timestamp"]).timestamp()
+        assert finished_at <= new_task["created_at"]
+        assert finished["interrupted"] == 1
+        assert new_task["payload"] == {"during": "recovery"}
+        assert d.task(hang)["error_type"] == "INTERRUPTED"
+        assert gone(leftover)
+    finally:
+        launcher.kill()  # never recorded, so left to us: stopped, it would wait forever
 
 
 @pytest.mark.parametrize(

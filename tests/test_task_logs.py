@@ -16,7 +16,7 @@ from daemon import children, cli, client
 from executors import endpoint, tasklog
 from daemon.models import TaskStatus
 from daemon.supervisor import Supervisor
-from tests.conftest import make_task
+from tests.conftest import make_task, wait_for
 from tests.test_supervisor import EXECUTORS, make_supervisor, submit, wait_ended  # noqa: F401 (a fixture)
 
 LIMIT = 64 * 1024  # the smallest the config allows
@@ -73,6 +73,31 @@ def test_output_written_straight_to_the_log_is_bounded_too(forkserver: Any, tmp_
     first, *rest = kept.splitlines()
     assert tasklog.dropped(first.encode() + b"\n") > 900_000  # says how much it left out
     assert numbers("\n".join(rest)) == list(range(numbers(rest[0])[0], 20_001))
+
+
+@pytest.mark.parametrize("fork_each", [True, False], ids=["a launcher's fork", "a process that runs attempts"])
+def test_output_written_straight_to_the_log_is_bounded_while_the_attempt_runs(
+    forkserver: Any, tmp_path: Path, fork_each: bool
+) -> None:
+    # Nothing the attempt writes itself says when to look: the launcher, or a thread of the
+    # process, looks every second.
+    log, ready, hold = tmp_path / "task.log", tmp_path / "ready", tmp_path / "hold"
+    task = make_task("LOG_FLOOD", {"n": 20_000, "width": 50, "direct": True, "ready_file": str(ready),
+                                   "hold_file": str(hold)})
+    child = children.start_process(forkserver, fork_each=fork_each)
+    try:
+        child.assign(task, "tests.sample_executors:LogFlood", {}, log, last=not fork_each,
+                     limits=endpoint.Limits(log_bytes=LIMIT))
+        wait_for(ready.exists)
+        rotated = Path(tasklog.rotated(str(log)))
+        wait_for(lambda: rotated.exists() and log.stat().st_size + rotated.stat().st_size <= LIMIT, timeout=5)
+        assert not child.drain().messages  # the attempt is still under way
+        hold.touch()
+        wait_for(lambda: any(m["type"] == "result" for m in child.drain().messages))
+    finally:
+        child.kill()
+        child.reap(5)
+        child.close()
 
 
 def test_a_log_is_rotated_once_however_many_processes_look_at_it(tmp_path: Path) -> None:
