@@ -1,19 +1,16 @@
-"""The control socket: a Unix socket server with one handler per request type.
+"""The control socket: a Unix socket server; what each request does is `operations.Handlers`.
 
 The socket lives in a private directory (created 0700) and is itself 0600; on top of that every
 connection's peer credentials are checked, so only the daemon's own user and root are answered.
-Each connection is served by its own thread: one request, one reply, close. Mutations are handed
-to the supervisor's loop thread (`Supervisor.call`), which alone writes the database; reads use a
-read-only connection of the serving thread, so a long `ls` never stalls the loop.
+Each connection is served by its own thread: one request, one reply, close. Every frame gets a
+reply or a closed connection, never silence.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import select
 import socket
-import sqlite3
 import stat
 import struct
 import threading
@@ -22,11 +19,8 @@ from typing import Any, Callable
 
 import structlog
 
-from daemon import handoff, paths, protocol, recovery
-from daemon.errors import FredicaError, UnknownTask
-from daemon.store import db, restarts, runs, tasks
-from daemon.submission import parse_spec
-from daemon.supervisor import Supervisor
+from daemon import handoff, paths, protocol
+from daemon.errors import FredicaError
 
 log = structlog.get_logger("fredica.control")
 READ_TIMEOUT = 10.0  # a client that sends half a frame and stalls is dropped after this long
@@ -38,162 +32,6 @@ PEERCRED = struct.Struct("3i")  # pid, uid, gid
 def peer_uid(conn: socket.socket) -> int:
     _, uid, _ = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
     return uid
-
-
-class Handlers:
-    """One method per request type; each returns the reply's data or raises a FredicaError."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.sup = supervisor
-        self.settings = supervisor.settings
-        self._local = threading.local()
-
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.settings.database)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-        return conn
-
-    def handle(self, op: str, args: dict[str, Any]) -> Any:
-        _check_argument_types(op, args)
-        return getattr(self, f"op_{op}")(**args)
-
-    # --- reads ----------------------------------------------------------------------------------
-
-    def op_status(self) -> dict[str, Any]:
-        sup = self.sup
-        return {
-            "pid": os.getpid(),
-            "uptime": round(sup.clock() - sup.started_at, 3),
-            "max_workers": self.settings.max_workers,
-            "busy_workers": len(sup.running),
-            "counts": tasks.count_by_status(self._reader()),
-            "database": str(self.settings.database),
-            "socket": str(self.settings.socket),
-            "log_dir": str(self.settings.log_dir),
-        }
-
-    def op_ls(self, status: Any = None, run: str | None = None, type: str | None = None,
-              limit: int | None = None) -> list[dict[str, Any]]:
-        if limit is not None and limit < 0:
-            raise FredicaError("limit must be a non-negative integer")
-        found = tasks.list_tasks(self._reader(), status=status, run_id=run, task_type=type, limit=limit)
-        return [t.to_dict() for t in found]
-
-    def op_runs(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in runs.list_runs(self._reader(), status=status, limit=limit)]
-
-    def op_show(self, id: str) -> dict[str, Any]:
-        conn = self._reader()
-        task = tasks.find(conn, id)
-        if task is not None:
-            return {"kind": "task", "object": task.to_dict()}
-        run = runs.find(conn, id)
-        if run is None:
-            raise UnknownTask(f"no task or workflow run has id {id}")
-        obj = run.to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=id)]
-        return {"kind": "run", "object": obj}
-
-    def op_log_path(self, id: str | None = None) -> dict[str, Any]:
-        if id is None:
-            return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
-        task = tasks.get(self._reader(), id)
-        return {"path": str(self.settings.task_log(task.id)), "active": not task.status.is_terminal,
-                "json_lines": False}
-
-    def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
-        return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=bool(all))]
-
-    # --- mutations, run on the supervisor's loop thread -----------------------------------------
-
-    def op_submit(self, tasks: Any, template: str = "adhoc", material_id: str | None = None) -> dict[str, Any]:
-        if not isinstance(tasks, list):
-            raise FredicaError("tasks must be a list of task objects")
-        specs = []
-        for number, item in enumerate(tasks, start=1):
-            try:
-                specs.append(parse_spec(item))
-            except FredicaError as exc:
-                prefix = f"task {number}: " if len(tasks) > 1 else ""
-                raise type(exc)(prefix + exc.message) from None
-        submission = self.sup.submit(specs, template=str(template), material_id=material_id)
-        return {
-            "run_id": submission.run_id,
-            "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
-        }
-
-    def op_run(self, template: str, material_id: str | None = None, params: Any = None) -> dict[str, Any]:
-        known = self.settings.templates
-        if not known:
-            raise FredicaError("no workflow templates are configured")
-        if template not in known:
-            raise FredicaError(f"unknown template {template!r}; configured: {', '.join(sorted(known))}")
-        params = params or {}
-        if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
-            raise FredicaError("params must map names to strings")
-        specs = known[template].instantiate(params)
-        submission = self.sup.submit(specs, template=template, material_id=material_id)
-        return {
-            "run_id": submission.run_id,
-            "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
-        }
-
-    def op_cancel(self, id: str) -> dict[str, Any]:
-        report = self.sup.cancel(id)
-        return {"cancelled": list(report.cancelled), "stopping": list(report.stopping)}
-
-    def op_pause(self, id: str) -> dict[str, Any]:
-        return self.sup.pause(id).to_dict()
-
-    def op_resume(self, id: str) -> dict[str, Any]:
-        return self.sup.resume(id).to_dict()
-
-    def op_restarts_dismiss(self, id: int) -> dict[str, Any]:
-        sup = self.sup
-        return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
-
-    def op_restarts_recreate(self, id: int) -> dict[str, Any]:
-        sup = self.sup
-        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock()))
-        sup.wake()
-        return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
-
-
-def _argument_types() -> dict[str, dict[str, tuple[str, tuple[type, ...]]]]:
-    """For each op, its arguments' JSON types, read once from its handler's annotations (strings:
-    `from __future__ import annotations`); "Any" is left to the handler. An annotation this does
-    not know fails here, at import, not on a client's request."""
-    known = {"str": (str,), "int": (int,), "bool": (bool,), "None": (type(None),)}
-    table: dict[str, dict[str, tuple[str, tuple[type, ...]]]] = {}
-    for name, handler in vars(Handlers).items():
-        if name.startswith("op_"):
-            table[name[3:]] = {
-                argument: (str(p.annotation), tuple(t for part in str(p.annotation).split("|")
-                                                    for t in known[part.strip()]))
-                for argument, p in inspect.signature(handler).parameters.items()
-                if argument != "self" and p.annotation != "Any"
-            }
-    return table
-
-
-ARGUMENT_TYPES = _argument_types()
-
-
-def _check_argument_types(op: str, args: dict[str, Any]) -> None:
-    """Refuse an argument of the wrong JSON type with one clear line, before it reaches SQLite
-    (which would answer with an internal error) or is stored as the text of a list."""
-    expected = ARGUMENT_TYPES.get(op, {})
-    for name, value in args.items():
-        if name not in expected:
-            continue  # "Any", or an unknown name, which the call itself refuses
-        shown_type, allowed = expected[name]
-        wrong = not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
-        if wrong or (isinstance(value, int) and not -(2**63) <= value < 2**63):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise protocol.ProtocolError(f"bad arguments for {op}: {name} must be {shown_type}, not {shown}")
 
 
 def _still_connected(conn: socket.socket) -> bool:
@@ -309,8 +147,9 @@ class ControlServer:
             try:
                 reply = self._reply_for(conn)
                 protocol.write_frame(conn, reply, protocol.MAX_REPLY)
-            except protocol.FrameTooLarge as exc:
-                self._send_quietly(conn, protocol.error("ProtocolError", f"the reply is too large: {exc.message}"))
+            except protocol.ProtocolError as exc:  # too large, or not text: say so instead
+                reply = protocol.error(type(exc).__name__, f"the reply cannot be sent: {exc.message}")
+                self._send_quietly(conn, reply)
             except OSError:
                 pass  # the client went away; nothing to tell it
             except Exception:  # a bug of ours: into the daemon's log, never its stderr
@@ -343,8 +182,6 @@ class ControlServer:
                 return protocol.ok(self.handle(op, args))
         except FredicaError as exc:
             return protocol.error(type(exc).__name__, exc.message)
-        except TypeError as exc:  # arguments of the wrong shape for the handler
-            return protocol.error("ProtocolError", f"bad arguments for {op}: {exc}")
         except Exception as exc:  # a bug of ours: report it, keep serving
             log.exception("request_failed", op=op)
             return protocol.error("InternalError", f"{op} failed: {type(exc).__name__}: {exc}")

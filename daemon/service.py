@@ -146,7 +146,7 @@ def _children_skip_the_cli() -> None:
 
 def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
-    from daemon import control, recovery
+    from daemon import control, operations, recovery
     from daemon.notify import Notifier
     from daemon.supervisor import Supervisor
 
@@ -158,7 +158,7 @@ def _serve(settings: config.Settings) -> int:
         notifier = Notifier()
         with _starting("cannot start the supervisor", database=settings.database):
             supervisor = Supervisor(settings, notifier=notifier)
-        handlers = control.Handlers(supervisor)
+        handlers = operations.Handlers(supervisor)
 
         def on_signal(signum: int, _frame: object) -> None:
             # Only set flags (the loop does the work); a second signal does not shorten the grace.
