@@ -44,10 +44,10 @@ class FredicaGroup(click.Group):
         try:
             return super().invoke(ctx)
         except client.DaemonUnreachable as exc:
-            click.echo(f"error: {exc.message}", err=True)
+            click.echo(f"error: {render.one_line(exc.message)}", err=True)
             ctx.exit(EXIT_UNREACHABLE)
         except FredicaError as exc:
-            click.echo(f"error: {exc.message}", err=True)
+            click.echo(f"error: {render.one_line(exc.message)}", err=True)
             ctx.exit(EXIT_REFUSED)
 
 

@@ -41,9 +41,14 @@ class Client:
         """Send one request and return the data of its reply.
 
         Raises DaemonUnreachable when nothing answers, RemoteError when the daemon refuses, and
-        protocol.FrameTooLarge (before connecting) for a request over the size limit.
+        protocol.ProtocolError (before connecting) for a request that cannot be sent: over the
+        size limit (FrameTooLarge), or with a string that is not text (NotText).
         """
-        frame = protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST)
+        try:
+            frame = protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST)
+        except protocol.NotText:
+            # Said of the arguments the caller gave, not of the frame built around them.
+            raise protocol.NotText(f"{op} not sent: {protocol.non_text(args)} ({protocol.NOT_TEXT})") from None
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(self.timeout)
             self._connect(sock)

@@ -18,6 +18,14 @@ BAR_WIDTH = 20
 SHORT_ID = 8
 
 
+def one_line(text: str) -> str:
+    """`text` on one printable line: what would break it or cannot be printed (a newline, a lone
+    surrogate from an undecodable byte of a command line) shown as its escape (`\\n`, `\\udcff`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text)
+
+
 def display_status(task: Mapping[str, Any]) -> str:
     """The status as people see it (SPEC §3): pending and claimed are waiting, paused is shown."""
     status = str(task.get("status", "?"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from daemon import protocol
 from daemon.errors import FredicaError
 
 # submit's options for the fields of one task spec, by spec field.
@@ -30,6 +31,8 @@ def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]
             spec["payload"] = json.loads(options["payload"])
         except ValueError as exc:
             raise FredicaError(f"--payload is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise FredicaError("--payload is nested too deeply") from None
         if not isinstance(spec["payload"], dict):
             raise FredicaError("--payload must be a JSON object, like '{\"url\": \"...\"}'")
     for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout"):
@@ -37,7 +40,17 @@ def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]
             spec[field] = options[field]
     if options["depends_on"]:
         spec["depends_on"] = list(options["depends_on"])
+    for field, value in spec.items():
+        _check_text(value, "TYPE" if field == "type" else SPEC_FLAGS[field])
     return spec
+
+
+def _check_text(value: Any, name: str, prefix: str = "") -> None:
+    """Refuse what the daemon would refuse anyway, naming where it is: a string that is not text
+    (bytes of an argument that are not UTF-8, a lone surrogate escape in JSON)."""
+    where = protocol.non_text(value, root=name)
+    if where is not None:
+        raise protocol.NotText(f"{prefix}{where} ({protocol.NOT_TEXT})")
 
 
 def read_batch(stream: Any) -> list[dict[str, Any]]:
@@ -62,6 +75,7 @@ def read_batch(stream: Any) -> list[dict[str, Any]]:
             raise FredicaError(f"batch line {number} is nested too deeply") from None
         if not isinstance(spec, dict):
             raise FredicaError(f"batch line {number} is not a JSON object")
+        _check_text(spec, "", prefix=f"batch line {number}: ")
         try:
             submission.parse_spec(spec)
         except FredicaError as exc:
