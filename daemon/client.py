@@ -14,6 +14,7 @@ from daemon.errors import FredicaError
 from executors import tasklog
 
 _START_HINT = "start it with `fredica daemon`"
+CONNECT_RETRY = 0.02  # seconds between connects while the daemon's listen backlog is full
 
 
 class DaemonUnreachable(FredicaError):
@@ -58,7 +59,7 @@ class Client:
     def _connect(self, sock: socket.socket) -> None:
         path = self.socket_path
         try:
-            sock.connect(str(path))
+            self._connect_once_there_is_room(sock)
         except FileNotFoundError:
             problem = f"no daemon socket at {path}: the daemon is not running ({_START_HINT})"
         except ConnectionRefusedError:
@@ -72,6 +73,19 @@ class Client:
         else:
             return
         raise DaemonUnreachable(problem)
+
+    def _connect_once_there_is_room(self, sock: socket.socket) -> None:
+        """connect(), again while the daemon's listen backlog is full: a socket with a timeout gets
+        EAGAIN then, where a blocking one would have waited (TimeoutError after `timeout`)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                sock.connect(str(self.socket_path))
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError from None
+                time.sleep(CONNECT_RETRY)
 
     def _exchange(self, sock: socket.socket, frame: bytes) -> dict[str, Any]:
         path = self.socket_path

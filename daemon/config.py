@@ -51,6 +51,7 @@ class Settings:
     idle_poll_interval: float = 5.0
     cancel_grace: float = 10.0
     shutdown_grace: float = 30.0
+    request_timeout: float = 5.0
     start_method: str = "forkserver"
     synchronous: str = "normal"
     progress_interval: float = 0.5
@@ -97,6 +98,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "idle_poll_interval": ((int, float), _POLL),
     "cancel_grace": ((int, float), _NON_NEGATIVE),
     "shutdown_grace": ((int, float), _NON_NEGATIVE),
+    "request_timeout": ((int, float), _POSITIVE),
     "start_method": (str, (lambda v: v in ("forkserver", "spawn"), 'must be "forkserver" or "spawn"')),
     "synchronous": (str, (lambda v: v.lower() in ("normal", "full"), 'must be "normal" or "full"')),
     "progress_interval": ((int, float), _NON_NEGATIVE),

@@ -1,31 +1,46 @@
-"""The control socket: a Unix socket server; what each request does is `operations.Handlers`.
+"""The control socket: a Unix socket server that reads each request whole before anything acts on it.
 
 The socket lives in a private directory (created 0700) and is itself 0600; on top of that every
 connection's peer credentials are checked, so only the daemon's own user and root are answered.
-Each connection is served by its own thread: one request, one reply, close. Every frame gets a
-reply or a closed connection, never silence.
+
+One thread owns every connection: it accepts, reads and writes with non-blocking sockets, so a
+client that connects and sends nothing, or trickles its request a byte at a time, costs a
+descriptor and a buffer, never a thread. A connection carries one request, which must arrive
+whole within `request_timeout` seconds of its first byte (a connection that sends nothing is
+closed after as long). Only a whole request goes to the threads that run the handlers
+(`operations.Handlers`); its reply comes back to be written, and the connection is closed.
+Every frame gets a reply or a closed connection, never silence.
 """
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import os
+import queue
+import resource
 import select
+import selectors
 import socket
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import structlog
 
-from daemon import handoff, paths, protocol
+from daemon import config, handoff, paths, protocol
 from daemon.errors import FredicaError
 
 log = structlog.get_logger("fredica.control")
-READ_TIMEOUT = 10.0  # a client that sends half a frame and stalls is dropped after this long
-MAX_CLIENTS = 64  # connections served at once (a thread each)
-ACCEPT_BACKOFF = 0.1  # seconds to wait after accept() failed (EMFILE: no descriptor left)
+HANDLER_THREADS = 64  # requests handled at once; more wait for a thread, already read whole
+MAX_CONNECTIONS = 1024  # open at once; more wait in the listen backlog (see _connection_cap)
+ACCEPT_BACKOFF = 0.1  # seconds to stop accepting after accept() failed (EMFILE: no descriptor left)
+CLOSE_GRACE = 1.0  # seconds a closing server still lets the replies being prepared go out
+READ_SIZE = 1 << 18
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -37,7 +52,9 @@ def peer_uid(conn: socket.socket) -> int:
 def _still_connected(conn: socket.socket) -> bool:
     """Whether the client is still there, waiting for its answer: not if it has closed its socket
     (it gave up). One that only shut down its sending side (socat, `nc -N`) still reads the
-    answer. A poll, never a read: the socket has a timeout, and a read would wait it out."""
+    answer. A poll, never a read: the request's bytes are the reading thread's."""
+    if conn.fileno() < 0:  # closed by the server: it is shutting down
+        return False
     poller = select.poll()
     poller.register(conn.fileno(), 0)  # POLLHUP and POLLERR are always reported
     return not any(mask & (select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
@@ -60,17 +77,96 @@ def _answers(path: Path) -> bool:
     return True
 
 
-class ControlServer:
-    """Listens on the control socket and serves each connection on a thread of its own."""
+def _connection_cap() -> int:
+    """MAX_CONNECTIONS, or half the descriptors this process may open if that is fewer: clients
+    must never take the descriptors the supervisor needs for executors, pipes and logs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_CONNECTIONS, soft // 2))
 
-    def __init__(self, path: Path, handle: Callable[[str, dict[str, Any]], Any]) -> None:
+
+class HandlerThreads:
+    """Up to `size` threads that run the handlers, started as requests need them, then kept."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.started = 0
+        self._idle = 0
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self._changed = threading.Condition()
+        self._stopping = False
+
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue `job`; False if no thread will ever run it (not one could be started)."""
+        with self._changed:
+            if self._idle <= len(self._jobs) and self.started < self.size:  # no idle thread is left for it
+                try:
+                    threading.Thread(target=self._work, name="fredica-request", daemon=True).start()
+                    self.started += 1
+                except RuntimeError:  # no thread to be had now; the ones there are will do
+                    if self.started == 0:
+                        return False
+            self._jobs.append(job)
+            self._changed.notify()
+        return True
+
+    def stop(self) -> None:
+        """Let the threads end once the queued jobs are done."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                self._idle += 1
+                while not self._jobs and not self._stopping:
+                    self._changed.wait()
+                self._idle -= 1
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # jobs report their own failures; this keeps the thread alive
+                log.exception("request_thread_failed")
+
+
+class Connection:
+    """One client, from accept to the end of its reply: reading (with a deadline), handled (on a
+    handler thread, no deadline: the handler's own bounds apply), then writing its reply."""
+
+    def __init__(self, sock: socket.socket, uid: int) -> None:
+        self.sock = sock
+        self.uid = uid
+        self.frame = protocol.FrameReader(protocol.MAX_REQUEST)
+        self.deadline: float | None = None
+        self.reply: memoryview | None = None
+        self.events = 0  # what the selector watches it for
+        self.closed = False
+
+
+class ControlServer:
+    """Listens on the control socket; one thread does all its I/O, a pool runs the handlers."""
+
+    def __init__(self, path: Path, handle: Callable[[str, dict[str, Any]], Any], *,
+                 request_timeout: float = config.Settings.request_timeout) -> None:
         self.path = Path(path)
         self.handle = handle
+        self.request_timeout = request_timeout
         self.allowed_uids = {os.getuid(), 0}
+        self.max_connections = _connection_cap()
+        self.request_threads = HandlerThreads(HANDLER_THREADS)
+        self.connections: set[Connection] = set()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._replies: queue.SimpleQueue[tuple[Connection, bytes | None]] = queue.SimpleQueue()
+        self._deadlines: list[tuple[float, int, Connection]] = []  # a heap; stale entries are skipped
+        self._order = itertools.count()  # ties in the heap, never compared further
+        self._accepting = False
+        self._accept_again_at: float | None = None
 
     def bind(self) -> None:
         """Create the socket (listening, so clients queue while recovery runs); `serve` answers them."""
@@ -96,99 +192,295 @@ class ControlServer:
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
-        sock.listen(128)
+        # A burst of clients may come faster than one thread, sharing the interpreter with the
+        # loop, accepts them: the kernel queues them meanwhile (up to net.core.somaxconn).
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
         self._sock = sock
 
     def serve(self) -> None:
         """Start answering in a background thread."""
-        self._thread = threading.Thread(target=self._accept_loop, name="fredica-control", daemon=True)
+        assert self._sock is not None
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._accept_from_now()
+        self._thread = threading.Thread(target=self._run, name="fredica-control", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
+        """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest."""
         self._closing.set()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
+        if self._thread is not None:
+            self._wake()
+            self._thread.join(CLOSE_GRACE + 5)
+        else:  # never served: nothing to wait for
+            self._close_sockets()
         try:
             if self.path.exists() and stat.S_ISSOCK(self.path.lstat().st_mode):
                 self.path.unlink()
         except OSError:
             pass
-        if self._thread is not None:
-            self._thread.join(5)
 
-    def _accept_loop(self) -> None:
-        assert self._sock is not None
-        while not self._closing.is_set():
-            # At most MAX_CLIENTS served at once; the others wait in the listen backlog.
-            self._slots.acquire()
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                self._slots.release()
-                if self._closing.is_set():
-                    return
-                # Out of file descriptors or memory: wait rather than spin on accept.
-                self._closing.wait(ACCEPT_BACKOFF)
-                continue
-            try:
-                threading.Thread(target=self._serve_one, args=(conn,), name="fredica-client", daemon=True).start()
-            except RuntimeError:  # no thread to be had: drop this client, keep accepting
-                conn.close()
-                self._slots.release()
-                log.warning("client_dropped", reason="cannot start a thread")
-                self._closing.wait(ACCEPT_BACKOFF)
+    # --- the I/O thread -------------------------------------------------------------------------
 
-    def _serve_one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                reply = self._reply_for(conn)
-                protocol.write_frame(conn, reply, protocol.MAX_REPLY)
-            except protocol.ProtocolError as exc:  # too large, or not text: say so instead
-                reply = protocol.error(type(exc).__name__, f"the reply cannot be sent: {exc.message}")
-                self._send_quietly(conn, reply)
-            except OSError:
-                pass  # the client went away; nothing to tell it
-            except Exception:  # a bug of ours: into the daemon's log, never its stderr
-                log.exception("client_failed")
-            finally:
-                self._slots.release()
-
-    def _reply_for(self, conn: socket.socket) -> dict[str, Any]:
-        uid = peer_uid(conn)
-        conn.settimeout(READ_TIMEOUT)
-        if uid not in self.allowed_uids:
-            log.warning("client_refused", uid=uid)
-            # Let the client finish sending (its request is read, never acted on): closing first
-            # would fail its write with EPIPE before it could read why it was refused.
-            try:
-                protocol.read_frame(conn, protocol.MAX_REQUEST)
-            except (protocol.ProtocolError, OSError):
-                pass
-            return protocol.error("PermissionDenied", f"user {uid} may not control this daemon")
+    def _run(self) -> None:
         try:
-            message = protocol.read_frame(conn, protocol.MAX_REQUEST)
-            op, args = protocol.parse_request(message)
-        except socket.timeout:
-            return protocol.error("ProtocolError", "incomplete request: timed out waiting for the rest")
+            grace_ends: float | None = None
+            while True:
+                if self._closing.is_set() and grace_ends is None:
+                    grace_ends = time.monotonic() + CLOSE_GRACE
+                    self._stop_accepting()
+                    for conn in [c for c in self.connections if c.deadline is not None and c.reply is None]:
+                        self._drop(conn)  # still reading: nothing of theirs has been acted on
+                if grace_ends is not None and (not self.connections or time.monotonic() >= grace_ends):
+                    return
+                self._step(grace_ends)
+        except Exception:  # a bug of ours: into the daemon's log; the socket is gone with this thread
+            log.exception("control_socket_failed")
+        finally:
+            for conn in list(self.connections):
+                self._drop(conn)
+            self.request_threads.stop()
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._selector.close()
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            if sock is not None:
+                sock.close()
+
+    def _step(self, grace_ends: float | None) -> None:
+        wake_at = [t for t in (self._next_deadline(), self._accept_again_at, grace_ends) if t is not None]
+        timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+        for key, events in self._selector.select(timeout):
+            conn = key.data
+            try:
+                if key.fileobj is self._wake_r:
+                    self._take_replies()
+                elif key.fileobj is self._sock:
+                    self._accept()
+                elif conn.closed:
+                    continue  # dropped while handling an earlier event of this round
+                elif events & selectors.EVENT_WRITE:
+                    self._write(conn)
+                else:
+                    self._read(conn)
+            except Exception:  # a bug of ours: into the daemon's log; the other clients go on
+                log.exception("control_socket_failed")
+                if isinstance(conn, Connection):
+                    self._drop(conn)
+        now = time.monotonic()
+        if self._accept_again_at is not None and now >= self._accept_again_at and not self._closing.is_set():
+            self._accept_from_now()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, conn = heapq.heappop(self._deadlines)
+            if not conn.closed and conn.deadline == deadline:
+                self._expire(conn)
+
+    def _next_deadline(self) -> float | None:
+        while self._deadlines:
+            deadline, _, conn = self._deadlines[0]
+            if not conn.closed and conn.deadline == deadline:
+                return deadline
+            heapq.heappop(self._deadlines)
+        return None
+
+    def _set_deadline(self, conn: Connection, deadline: float | None) -> None:
+        conn.deadline = deadline
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._order), conn))
+
+    def _watch(self, conn: Connection, events: int) -> None:
+        if events == conn.events:
+            return
+        if conn.events == 0:
+            self._selector.register(conn.sock, events, conn)
+        elif events == 0:
+            self._selector.unregister(conn.sock)
+        else:
+            self._selector.modify(conn.sock, events, conn)
+        conn.events = events
+
+    def _accept_from_now(self) -> None:
+        self._accept_again_at = None
+        if not self._accepting and self._sock is not None:
+            self._selector.register(self._sock, selectors.EVENT_READ, None)
+            self._accepting = True
+
+    def _stop_accepting(self) -> None:
+        if self._accepting and self._sock is not None:
+            self._selector.unregister(self._sock)
+            self._accepting = False
+
+    def _accept(self) -> None:
+        assert self._sock is not None
+        while len(self.connections) < self.max_connections:
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                # Out of descriptors or memory: accept() would fail at once, again and again.
+                log.warning("accept_failed", error=exc.strerror or str(exc))
+                self._stop_accepting()
+                self._accept_again_at = time.monotonic() + ACCEPT_BACKOFF
+                return
+            self._admit(sock)
+        self._stop_accepting()  # at the cap: the rest wait in the backlog until one is closed
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        try:
+            uid = peer_uid(sock)
+        except OSError:  # gone already
+            sock.close()
+            return
+        conn = Connection(sock, uid)
+        self.connections.add(conn)
+        self._set_deadline(conn, time.monotonic() + self.request_timeout)  # to send its first byte
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data:  # the client closed its end, or shut down its sending side only
+            if conn.frame.received:
+                self._refuse(conn, protocol.ConnectionClosed(f"connection closed with {conn.frame.missing()}"))
+            else:
+                self._drop(conn)
+            return
+        if not conn.frame.received:
+            self._set_deadline(conn, time.monotonic() + self.request_timeout)  # for the whole request
+        try:
+            body = conn.frame.feed(data)
+        except protocol.FrameTooLarge as exc:
+            self._refuse(conn, exc)
+            return
+        if body is None:
+            return
+        self._watch(conn, 0)
+        self._set_deadline(conn, None)
+        if conn.uid not in self.allowed_uids:
+            # Read whole, never acted on: closing first would fail the client's write with EPIPE
+            # before it could read why it was refused.
+            log.warning("client_refused", uid=conn.uid)
+            self._send(conn, protocol.error("PermissionDenied", f"user {conn.uid} may not control this daemon"))
+        elif not self.request_threads.submit(lambda: self._answer(conn, body)):
+            log.warning("client_dropped", reason="cannot start a thread")
+            self._send(conn, protocol.error("Busy", "the daemon cannot start a thread to answer: try again"))
+
+    def _refuse(self, conn: Connection, exc: protocol.ProtocolError) -> None:
+        log.warning("bad_request", error=exc.message)
+        self._send(conn, protocol.error(type(exc).__name__, exc.message))
+
+    def _expire(self, conn: Connection) -> None:
+        if conn.reply is not None:
+            self._drop(conn)  # it does not read its reply
+        elif conn.frame.received:
+            timeout = f"{self.request_timeout:g}"
+            self._refuse(conn, protocol.ProtocolError(
+                f"incomplete request: {conn.frame.missing()} after {timeout}s (a request must arrive whole "
+                f"within {timeout}s of its first byte)"))
+        else:
+            log.debug("client_idle_closed")
+            self._drop(conn)
+
+    def _send(self, conn: Connection, reply: dict[str, Any]) -> None:
+        self._start_reply(conn, protocol.encode(reply, protocol.MAX_REPLY))
+
+    def _start_reply(self, conn: Connection, data: bytes) -> None:
+        conn.reply = memoryview(data)
+        self._set_deadline(conn, time.monotonic() + self.request_timeout)
+        self._write(conn)
+        if not conn.closed:
+            self._watch(conn, selectors.EVENT_WRITE)
+
+    def _write(self, conn: Connection) -> None:
+        assert conn.reply is not None
+        try:
+            sent = conn.sock.send(conn.reply)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the client went away; nothing to tell it
+            self._drop(conn)
+            return
+        conn.reply = conn.reply[sent:]
+        if not conn.reply:
+            self._drop(conn)  # done: one request per connection
+        elif sent:
+            self._set_deadline(conn, time.monotonic() + self.request_timeout)  # it reads: give it time
+
+    def _drop(self, conn: Connection) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._watch(conn, 0)
+        conn.sock.close()
+        self.connections.discard(conn)
+        if not self._accepting and self._accept_again_at is None and not self._closing.is_set():
+            self._accept_from_now()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (the loop will look anyway), or closed with the loop
+            pass
+
+    def _take_replies(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while True:
+            try:
+                conn, data = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            if conn.closed:
+                continue
+            if data is None:
+                self._drop(conn)
+            else:
+                self._start_reply(conn, data)
+
+    # --- the handler threads --------------------------------------------------------------------
+
+    def _answer(self, conn: Connection, body: bytes) -> None:
+        """Run one whole request and hand its encoded reply to the I/O thread (None: close)."""
+        data = None
+        try:
+            reply = self._reply_for(conn, body)
+            try:
+                data = protocol.encode(reply, protocol.MAX_REPLY)
+            except protocol.ProtocolError as exc:
+                data = protocol.encode(protocol.error(type(exc).__name__, f"the reply cannot be sent: {exc.message}"),
+                                       protocol.MAX_REPLY)
+        except Exception:  # a bug of ours: into the daemon's log, never its stderr
+            log.exception("client_failed")
+        finally:
+            self._replies.put((conn, data))
+            self._wake()
+
+    def _reply_for(self, conn: Connection, body: bytes) -> dict[str, Any]:
+        try:
+            op, args = protocol.parse_request(protocol.decode(body))
         except protocol.ProtocolError as exc:
             log.warning("bad_request", error=exc.message)
             return protocol.error(type(exc).__name__, exc.message)
         try:
-            with handoff.on_behalf_of(lambda: _still_connected(conn)):
+            with handoff.on_behalf_of(lambda: _still_connected(conn.sock)):
                 return protocol.ok(self.handle(op, args))
         except FredicaError as exc:
             return protocol.error(type(exc).__name__, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving
             log.exception("request_failed", op=op)
             return protocol.error("InternalError", f"{op} failed: {type(exc).__name__}: {exc}")
-
-    @staticmethod
-    def _send_quietly(conn: socket.socket, reply: dict[str, Any]) -> None:
-        try:
-            protocol.write_frame(conn, reply, protocol.MAX_REPLY)
-        except OSError:
-            pass

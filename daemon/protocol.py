@@ -177,6 +177,30 @@ def read_frame(sock: socket.socket, limit: int) -> dict[str, Any]:
     return decode(_read_exactly(sock, size))
 
 
+class FrameReader:
+    """One frame assembled from the pieces a non-blocking socket gives: `feed` them as they come."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.received = bytearray()
+        self.size: int | None = None  # the body's, once the header is in
+
+    def feed(self, data: bytes) -> bytes | None:
+        """The body once it is whole (bytes past it are ignored); FrameTooLarge from the header."""
+        self.received += data
+        if self.size is None and len(self.received) >= HEADER:
+            self.size = frame_size(bytes(self.received[:HEADER]), self.limit)
+        if self.size is not None and len(self.received) >= HEADER + self.size:
+            return bytes(self.received[HEADER : HEADER + self.size])
+        return None
+
+    def missing(self) -> str:
+        """What is still to come, for the error that says the rest never did."""
+        if self.size is None:
+            return f"{HEADER - len(self.received)} of the {HEADER} header bytes missing"
+        return f"{HEADER + self.size - len(self.received)} of {self.size} bytes missing"
+
+
 def write_frame(sock: socket.socket, message: Mapping[str, Any], limit: int) -> None:
     sock.sendall(encode(message, limit))
 

@@ -151,7 +151,8 @@ def _serve(settings: config.Settings) -> int:
     from daemon.supervisor import Supervisor
 
     _children_skip_the_cli()
-    server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args))
+    server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args),
+                                   request_timeout=settings.request_timeout)
     with _starting(f"cannot listen on {settings.socket}"):
         server.bind()
     try:

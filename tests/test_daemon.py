@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import errno
 import inspect
 import json
 import os
@@ -18,7 +17,7 @@ import tempfile
 import threading
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import psutil
 import pytest
@@ -369,104 +368,6 @@ def test_every_operation_has_a_handler_whose_arguments_are_checked() -> None:
         parameters = set(inspect.signature(handlers[op]).parameters) - {"self"}
         assert parameters == set(names), op
         assert set(operations.ARGUMENTS[op]) == names
-
-
-def test_the_accept_loop_waits_after_a_failed_accept_rather_than_spin(tmp_path: Path) -> None:
-    # Out of file descriptors, accept() fails at once, again and again: a loop that retried at
-    # once would burn a CPU until a descriptor came free.
-    server = control.ControlServer(tmp_path / "c.sock", lambda op, args: None)
-    events: list[str] = []
-
-    class NoDescriptorLeft:
-        def accept(self) -> Any:
-            events.append("accept")
-            if events.count("accept") == 3:
-                server._closing.set()  # the third failure is the last: the daemon is closing
-            raise OSError(errno.EMFILE, "Too many open files")
-
-    class RecordingEvent(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            events.append(f"wait {timeout}")
-            return self.is_set()
-
-    server._sock = NoDescriptorLeft()  # type: ignore[assignment]
-    server._closing = RecordingEvent()
-    server._accept_loop()
-    assert events == ["accept", f"wait {control.ACCEPT_BACKOFF}", "accept", f"wait {control.ACCEPT_BACKOFF}", "accept"]
-
-
-def test_at_most_max_clients_are_served_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(control, "MAX_CLIENTS", 2)
-    entered: list[str] = []
-    release = threading.Event()
-
-    def handle(op: str, args: dict[str, Any]) -> Any:
-        entered.append(op)
-        release.wait(30)
-        return {}
-
-    server = control.ControlServer(tmp_path / "c.sock", handle)
-    server.bind()
-    server.serve()
-    replies: list[dict[str, Any]] = []
-    clients = [threading.Thread(target=lambda: replies.append(raw_exchange(server.path, frame(b'{"v": 1, "op": "status"}'))))
-               for _ in range(3)]
-    try:
-        for thread in clients:
-            thread.start()
-        wait_for(lambda: len(entered) == 2)
-        # Both slots are taken: the third client waits in the listen backlog, not in a thread.
-        assert server._slots._value == 0 and len(entered) == 2  # type: ignore[attr-defined]
-        release.set()
-        for thread in clients:
-            thread.join(30)
-        assert len(entered) == 3 and [r["ok"] for r in replies] == [True] * 3
-    finally:
-        release.set()
-        server.close()
-
-
-def test_a_client_no_thread_can_be_started_for_is_dropped_and_accepting_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = control.ControlServer(tmp_path / "c.sock", lambda op, args: None)
-    closed: list[int] = []
-
-    class Connection:
-        def __init__(self, number: int) -> None:
-            self.number = number
-
-        def close(self) -> None:
-            closed.append(self.number)
-
-    accepted = iter(range(1, 4))
-
-    class Listener:
-        def accept(self) -> Any:
-            number = next(accepted, None)
-            if number is None:
-                server._closing.set()
-                raise OSError(errno.EBADF, "closed")
-            return Connection(number), None
-
-    started: list[int] = []
-
-    class Thread:
-        def __init__(self, target: Any, args: tuple[Any, ...], **kwargs: Any) -> None:
-            self.connection = args[0]
-
-        def start(self) -> None:
-            if self.connection.number == 1:
-                raise RuntimeError("can't start new thread")
-            started.append(self.connection.number)
-            server._slots.release()  # as the client's thread does when it is done
-
-    monkeypatch.setattr(control.threading, "Thread", Thread)
-    monkeypatch.setattr(server._closing, "wait", lambda timeout=None: False)  # the back-off, not slept here
-    server._sock = Listener()  # type: ignore[assignment]
-    server._accept_loop()
-    assert closed == [1] and started == [2, 3]
-    assert server._slots._value == control.MAX_CLIENTS  # type: ignore[attr-defined]  # no slot lost
 
 
 def test_many_clients_at_once(daemons) -> None:
