@@ -58,6 +58,7 @@ class Settings:
     heartbeat_interval: float = 5.0
     warm_spare: bool = True
     tasks_per_process: int = 1
+    idle_process_timeout: float = 60.0
     max_result_bytes: int = 1024 * 1024
     max_task_log_bytes: int = 64 * 1024 * 1024
     backoff_base: float = 1.0
@@ -105,6 +106,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "heartbeat_interval": ((int, float), _POSITIVE),
     "warm_spare": (bool, None),
     "tasks_per_process": (int, (lambda v: 1 <= v <= 1_000_000, "must be between 1 and 1000000")),
+    "idle_process_timeout": ((int, float), _POSITIVE),
     # A result is for other tasks to read, not a way to move data: 16 MiB keeps its message far
     # below the status channel's hard limit.
     "max_result_bytes": (int, (lambda v: 1 <= v <= 16 * 1024 * 1024, "must be between 1 and 16777216")),

@@ -1,9 +1,11 @@
-"""The executor processes waiting for an attempt, and the warm spare kept among them."""
+"""The executor processes waiting for an attempt: the warm spare kept among them, the bound on how
+many processes there are (SPEC §13: the worker slots plus the spare), and the trimming of those
+idle for longer than `idle_process_timeout`."""
 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import structlog
 
@@ -11,29 +13,52 @@ from daemon import children, pipes
 
 log = structlog.get_logger("fredica.supervisor")
 # How long a dispatch may wait for a launcher to report its last fork's exit (normally about a
-# millisecond) before it starts a new process instead.
+# millisecond) before it starts a new process instead (which takes some 60 ms).
 SETTLE_WAIT = 0.05
+# At the bound no process may be started beside the ones there are, so a dispatch waits longer
+# for one of them to report before it ends the slowest to make room (starting its replacement
+# costs about as long again): far less than a stuck fork's settle_timeout.
+BOUND_WAIT = 0.5
 
 
 class IdleProcesses:
     """Executor processes waiting for work: the warm spare, launchers between attempts, and (with
     tasks_per_process > 1) processes whose last attempt has reported.
 
-    Used by the supervisor's loop thread only.
+    It also counts the processes it has handed out and not yet got back, so that those and the
+    idle ones together never outnumber `slots` (the worker slots) plus the warm spare. Used by
+    the supervisor's loop thread only.
     """
 
     def __init__(
-        self, context: children.ExecutorContext, *, warm_spare: bool, launchers: bool, settle_timeout: float
+        self,
+        context: children.ExecutorContext,
+        *,
+        warm_spare: bool,
+        launchers: bool,
+        settle_timeout: float,
+        slots: int,
+        idle_timeout: float,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context
         self._warm_spare = warm_spare
         self._spare_is_launcher = launchers  # what most tasks will need
         self._settle_timeout = settle_timeout
-        self._processes: list[children.ExecutorProcess] = []
-        self._returned_at: dict[int, float] = {}  # pid -> when put back (time.monotonic())
+        self._limit = slots + (1 if warm_spare else 0)
+        self._idle_timeout = idle_timeout
+        # Settling is a matter of real milliseconds, waited for in poll(2): it has a clock of its
+        # own (a test's to step); idleness is measured in the loop's `now`, as its other timers are.
+        self._monotonic = monotonic
+        self._processes: list[children.ExecutorProcess] = []  # oldest first
+        self._returned_at: dict[int, float] = {}  # pid -> when put back (self._monotonic())
+        self._idle_since: dict[int, float] = {}  # pid -> the first `tick`'s `now` that saw it idle
+        self._lent: list[children.ExecutorProcess] = []  # handed out by `take`, not put back
 
     def __iter__(self) -> Iterator[children.ExecutorProcess]:
         return iter(list(self._processes))
+
+    # --- the supervisor's calls -----------------------------------------------------------------
 
     def take(self, *, launcher: bool) -> children.ExecutorProcess:
         """An idle launcher, or an idle process that runs attempts itself; started if none waits.
@@ -41,52 +66,133 @@ class IdleProcesses:
         A launcher whose last attempt has sent its result may not have reported that fork's exit
         yet (the fork is tearing down, then the next is forked): it is taken once it has. If none
         is ready, one put back a moment ago is waited for briefly, which is cheaper than starting
-        a process.
+        a process; at the bound, any unsettled one is waited for, and the slowest ended if none
+        reports (`_make_room`).
         """
-        for waited in (False, True):
-            # Newest first: a process that has just finished an attempt is reused before the spare.
-            for process in reversed([p for p in self._processes if p.fork_each == launcher]):
-                if not process.settled():
-                    continue
-                if process.usable():
-                    self._remove(process)
-                    return process
-                self._drop_dead(process)
-            recent = [p for p in self._processes if p.fork_each == launcher and self._age(p) < SETTLE_WAIT]
-            if waited or not recent:
-                break
-            pipes.ready([p.reports for p in recent if p.reports is not None], SETTLE_WAIT)
-        return children.start_process(self._context, fork_each=launcher)
+        process = self._settled(launcher)
+        if process is None and self._unsettled(launcher, recent=True):
+            self._wait_for_reports(launcher, SETTLE_WAIT)
+            process = self._settled(launcher)
+        if process is None and not self._has_room():
+            process = self._make_room(launcher)
+        if process is None:
+            process = children.start_process(self._context, fork_each=launcher)
+        self._lent.append(process)
+        return process
 
     def put_back(self, process: children.ExecutorProcess) -> None:
-        """A process whose attempt is over and that takes another."""
+        """A process whose attempt is over and that takes another (or that was given nothing)."""
         self._processes.append(process)
-        self._returned_at[process.pid] = time.monotonic()
+        self._returned_at[process.pid] = self._monotonic()
+        if process in self._lent:
+            self._lent.remove(process)
 
-    def keep_a_spare(self) -> None:
-        """Start the next task's process now, while nothing waits for it (run every tick: a poll
-        of an idle process's sentinel, no more, unless one must be started or a stuck fork ended)."""
+    def tick(self, now: float) -> None:
+        """Run every tick of the loop: read the reports idle launchers sent, end the processes
+        idle for longer than the timeout, and start the spare if none waits.
+
+        Costs a poll of each idle process's sentinel, plus a read of the report pipe of those
+        put back since their report came, unless one must be ended or started.
+        """
         self._end_stuck_forks()
-        if not self._warm_spare:
-            return
-        ready = False
         for process in list(self._processes):
-            # One poll per idle process and tick; `take` also reads an idle launcher's report
-            # of its end, which is followed by its exit within milliseconds.
+            # The report is read here, not left for `take`: unread, a launcher that reported
+            # long ago would look stuck in its fork's exit, and a spare would be started beside
+            # it at every tick past SETTLE_WAIT (34 launchers for 2 slots, never trimmed).
+            process.settled()
             if process.ending or not process.is_alive():
                 self._drop_dead(process)  # newer ones are taken first: it would stay forever
-            elif process.fork_each != self._spare_is_launcher:
-                pass  # of the other kind (a launcher a fresh-process task left): no spare
-            elif process.awaiting_report:
-                ready = ready or self._age(process) < SETTLE_WAIT  # about to be ready
             else:
-                ready = True
-        if ready:
+                self._idle_since.setdefault(process.pid, now)
+        self._trim(now)
+        self._keep_a_spare(now)
+
+    def dismiss_all(self) -> None:
+        """End every idle process (they exit when their assignment pipe closes)."""
+        processes, self._processes = self._processes, []
+        self._returned_at.clear()
+        self._idle_since.clear()
+        for process in processes:
+            process.dismiss()
+
+    # --- choosing and waiting -------------------------------------------------------------------
+
+    def _settled(self, launcher: bool) -> children.ExecutorProcess | None:
+        """The newest idle process of the kind that is ready for an attempt, removed from the
+        pool; dead ones met on the way are dropped."""
+        # Newest first: a process that has just finished an attempt is reused before the spare,
+        # and the ones left unused grow old and are trimmed.
+        for process in reversed([p for p in self._processes if p.fork_each == launcher]):
+            if not process.settled():
+                continue
+            if process.usable():
+                self._remove(process)
+                return process
+            self._drop_dead(process)
+        return None
+
+    def _unsettled(self, launcher: bool, *, recent: bool = False) -> list[children.ExecutorProcess]:
+        """Idle launchers of the kind still to report their last fork's exit (only those put back
+        less than SETTLE_WAIT ago if `recent`), oldest first."""
+        return [
+            p for p in self._processes
+            if p.fork_each == launcher and p.awaiting_report and (not recent or self._age(p) < SETTLE_WAIT)
+        ]
+
+    def _wait_for_reports(self, launcher: bool, timeout: float) -> None:
+        waiting = [p.reports for p in self._unsettled(launcher) if p.reports is not None and not p.reports.closed]
+        if waiting:
+            pipes.ready(waiting, timeout)
+
+    def _has_room(self) -> bool:
+        """Whether one more process may be started without passing the bound."""
+        self._lent = [p for p in self._lent if p.is_alive()]  # those the supervisor ended
+        return len(self._processes) + len(self._lent) < self._limit
+
+    def _make_room(self, launcher: bool) -> children.ExecutorProcess | None:
+        """At the bound, with no idle process of the kind ready: an idle one of the other kind is
+        ended; else the launchers still to report are waited for (BOUND_WAIT), and, if none has
+        reported by then, the oldest is ended. A process that has reported is returned."""
+        others = [p for p in self._processes if p.fork_each != launcher]
+        if others:
+            self._end(others[0], "other_kind")
+            return None
+        # One wait, which ends at the first report: any that came then is taken.
+        self._wait_for_reports(launcher, BOUND_WAIT)
+        process = self._settled(launcher)
+        if process is not None:
+            return process
+        if self._processes:
+            self._end(self._processes[0], "no_report")
+        return None
+
+    def _keep_a_spare(self, now: float) -> None:
+        """Start the next task's process now, while nothing waits for it."""
+        if not self._warm_spare:
             return
+        for process in self._processes:
+            if process.fork_each != self._spare_is_launcher:
+                continue  # of the other kind (a launcher a fresh-process task left): no spare
+            if not process.awaiting_report or self._age(process) < SETTLE_WAIT:
+                return  # ready, or about to be
+        if not self._has_room():
+            return  # every slot busy and an idle one slow to report: it is the spare
         try:
-            self._processes.append(children.start_process(self._context, fork_each=self._spare_is_launcher))
+            spare = children.start_process(self._context, fork_each=self._spare_is_launcher)
         except Exception:
             log.exception("spare_executor_failed")
+            return
+        self._processes.append(spare)
+        self._idle_since[spare.pid] = now
+
+    # --- ending ---------------------------------------------------------------------------------
+
+    def _trim(self, now: float) -> None:
+        """End the processes idle for longer than the timeout (the spare too: `_keep_a_spare` then
+        starts a fresh one, so nothing an idle process holds lasts for ever)."""
+        for process in list(self._processes):
+            if now - self._idle_since.get(process.pid, now) > self._idle_timeout:
+                self._end(process, "idle_timeout")
 
     def _end_stuck_forks(self) -> None:
         """A launcher whose fork sent its result long ago but has not exited (stuck in its own
@@ -95,7 +201,16 @@ class IdleProcesses:
             if process.awaiting_report and self._age(process) > self._settle_timeout and not process.settled():
                 log.warning("executor_stuck_after_result", pid=process.attempt_process[0] if process.attempt_process else None, task_id=process.task_id)
                 process.kill_tree()
-                self._returned_at[process.pid] = time.monotonic()
+                self._returned_at[process.pid] = self._monotonic()
+
+    def _end(self, process: children.ExecutorProcess, reason: str) -> None:
+        """Dismiss an idle process (a launcher exits within milliseconds; one whose fork is still
+        exiting is killed, which its attempt, over, no longer minds)."""
+        self._remove(process)
+        log.debug("idle_executor_ended", pid=process.pid, reason=reason)
+        if process.awaiting_report:
+            process.kill()
+        process.dismiss()
 
     def _drop_dead(self, process: children.ExecutorProcess) -> None:
         """Forget a process that died or is ending, reaping it if it has ended."""
@@ -107,15 +222,10 @@ class IdleProcesses:
             process.close()
 
     def _age(self, process: children.ExecutorProcess) -> float:
-        return time.monotonic() - self._returned_at.get(process.pid, 0.0)
+        """Seconds since the process was put back."""
+        return self._monotonic() - self._returned_at.get(process.pid, 0.0)
 
     def _remove(self, process: children.ExecutorProcess) -> None:
         self._processes.remove(process)
         self._returned_at.pop(process.pid, None)
-
-    def dismiss_all(self) -> None:
-        """End every idle process (they exit when their assignment pipe closes)."""
-        processes, self._processes = self._processes, []
-        self._returned_at.clear()
-        for process in processes:
-            process.dismiss()
+        self._idle_since.pop(process.pid, None)

@@ -74,7 +74,8 @@ class Supervisor:
         self.running: dict[str, RunningTask] = {}
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, launchers=settings.tasks_per_process == 1,
-            settle_timeout=settings.cancel_grace,
+            settle_timeout=settings.cancel_grace, slots=settings.max_workers,
+            idle_timeout=settings.idle_process_timeout,
         )
         self.started_at = clock()
         self._handoff = LoopHandoff()
@@ -227,7 +228,7 @@ class Supervisor:
             self._next_heartbeat = now + self.settings.heartbeat_interval
         if self._shutdown_deadline is None:
             self._claim(now)
-            self.idle.keep_a_spare()
+            self.idle.tick(now)
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:

@@ -659,7 +659,8 @@ def test_a_waiting_fork_that_dies_costs_no_task_an_attempt(make_supervisor: Call
 def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tmp_path: Path) -> None:
     from daemon import pool
 
-    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=True, settle_timeout=60)
+    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=True, settle_timeout=60,
+                              slots=1, idle_timeout=3600)
     launcher = idle.take(launcher=True)
     replacement = None
     try:
@@ -669,7 +670,7 @@ def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tm
         idle.put_back(launcher)
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.reap(5)
-        idle.keep_a_spare()  # a dead launcher is not a spare, however recently put back
+        idle.tick(0.0)  # a dead launcher is not a spare, however recently put back
         assert launcher not in list(idle)  # found dead and closed, not kept forever
         replacement = idle.take(launcher=True)
         assert replacement is not launcher and replacement.is_alive()
@@ -785,10 +786,11 @@ def test_a_process_runs_up_to_tasks_per_process_attempts(make_supervisor: Callab
 def test_an_idle_launcher_does_not_count_as_the_spare_of_processes_that_run_several() -> None:
     # With tasks_per_process > 1 the spare is a plain process; a launcher a fresh-process task
     # left idle cannot take the next plain task.
-    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=False, settle_timeout=60)
+    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=False, settle_timeout=60,
+                              slots=1, idle_timeout=3600)
     try:
         idle.put_back(children.start_process(children.make_context("forkserver"), fork_each=True))
-        idle.keep_a_spare()
+        idle.tick(0.0)
         assert sorted(p.fork_each for p in idle) == [False, True]
     finally:
         idle.dismiss_all()
