@@ -259,9 +259,10 @@ class ExecutorProcess:
 
     # --- steering -------------------------------------------------------------------------------
 
-    def request_cancel(self) -> None:
-        """Ask the attempt to stop; wakes it if paused (cancel is set first, so it sees why)."""
-        self._command("cancel")
+    def request_cancel(self, reason: str = "cancel") -> None:
+        """Ask the attempt to stop; wakes it if paused (cancel is set first, so it sees why).
+        `reason` ("cancel", "timeout" or "shutdown") is for the line its log ends with."""
+        self._command("cancel", reason)
 
     def pause(self) -> None:
         """Pause a pausable attempt at its next `wait_if_paused`."""
@@ -271,13 +272,13 @@ class ExecutorProcess:
         """Let a paused attempt continue."""
         self._command("resume")
 
-    def _command(self, kind: str) -> None:
+    def _command(self, kind: str, reason: str | None = None) -> None:
         # Never blocks: the pipe is full only if the process stopped reading it (stuck or dead),
         # and then stop escalation's signals are what ends the attempt.
         if self.task_id is None:
             return
         try:
-            os.write(self.control.fileno(), steering.command(kind, self.attempt_token))
+            os.write(self.control.fileno(), steering.command(kind, self.attempt_token, reason))
         except OSError as exc:
             log.warning("executor_command_lost", command=kind, pid=self.pid, task_id=self.task_id, error=str(exc))
 

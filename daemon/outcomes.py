@@ -1,4 +1,8 @@
-"""Recording how an attempt ended (SPEC §6): completed, retried, failed or cancelled."""
+"""Recording how an attempt ended (SPEC §6): completed, retried, failed or cancelled.
+
+An attempt's log ends with its own line on how it ended (executors.endpoint), unless it died or
+was killed first, or its result is refused here: the supervisor then adds one (`note_ending`).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from daemon.running import RunningTask
 from daemon.scheduler import Action
 from daemon.store import tasks
 from executors.base import BadResult, ExecuteResult, TaskExecutor, stored_result
+from executors.output import AttemptOutput
 
 log = structlog.get_logger("fredica.supervisor")
 
@@ -36,6 +41,7 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask
     if rt.stop_reason == "shutdown" and not succeeded:
         tasks.requeue(conn, rt.task.id, now=now, known=rt.task)
         rt.log.info("task_interrupted", by="shutdown")
+        note_ending(settings, rt, None, "put back, it runs again after the next start")
         return Recorded(None)
     if rt.stop_reason == "timeout" and not succeeded:
         error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
@@ -62,7 +68,40 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask
             error, error_type = str(exc), models.BAD_RESULT
     else:
         error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
-    return record(conn, settings, rt.task, rt.executor, error, error_type, now, result)
+    recorded = record(conn, settings, rt.task, rt.executor, error, error_type, now, result)
+    refused = error if error_type == models.BAD_RESULT and succeeded else None
+    if recorded.retried:
+        outcome = f"{error_type}: retried"
+    else:
+        outcome = f"{error_type}: {recorded.finished}" if error_type else str(recorded.finished)
+    note_ending(settings, rt, refused, outcome)
+    return recorded
+
+
+def note_ending(settings: Settings, rt: RunningTask, refused: str | None, outcome: str) -> None:
+    """Add the supervisor's line to the attempt's log if the attempt could not write its own last
+    line (it ended without a result: killed, crashed) or its result was `refused` here; once."""
+    if rt.ending_noted or (rt.result is not None and refused is None):
+        return
+    rt.ending_noted = True
+    if refused is not None:
+        what = f"the result was refused ({refused})"
+    else:
+        exit = children.describe_exit(rt.exit_status())
+        timeout = f" ({rt.task.timeout:g} s)" if rt.task.timeout is not None else ""
+        causes = {"cancel": "the user's cancel", "timeout": f"its timeout{timeout}", "shutdown": "the daemon's shutdown"}
+        cause = causes.get(rt.stop_reason) if rt.stop_reason is not None else None
+        if rt.child.status.oversized is not None:
+            what = f"the attempt was ended: it sent a message of {rt.child.status.oversized} bytes ({exit})"
+        elif cause is None:
+            what = f"the attempt's process died without a result ({exit})"
+        elif rt.killed:
+            what = f"the attempt was killed after {cause}, which neither the cancel nor SIGTERM ended ({exit})"
+        elif rt.terminated_at is not None:
+            what = f"the attempt was ended with SIGTERM after {cause} ({exit})"
+        else:
+            what = f"the attempt ended without a result after {cause} ({exit})"
+    AttemptOutput.append_line(settings.task_log(rt.task.id), "WARNING", f"supervisor: {what}; {outcome}")
 
 
 def record(

@@ -38,6 +38,7 @@ class RunningTask:
     paused_since: float | None = None
     paused_by: str | None = None  # "user" or "executor" (its own request_pause)
     paused_seconds: float = 0.0
+    ending_noted: bool = False  # the supervisor's line on how it ended is in the task's log
 
     @property
     def log(self) -> Any:

@@ -480,7 +480,7 @@ class Supervisor:
                 rt.stop_reason = reason
             rt.stop_requested_at = now
             # Sets the resume Event too, so a paused executor wakes up to see the cancel.
-            rt.child.request_cancel()
+            rt.child.request_cancel(reason)
             if rt.paused_since is not None:
                 messages.mark_resumed(self.conn, rt, now)
             rt.log.info("task_stop_requested", reason=reason)

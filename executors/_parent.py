@@ -169,12 +169,7 @@ def end_orphaned_attempt(attempt: AttemptState) -> NoReturn:
     path = attempt.log_path()
     end_leftovers(wait=0.5)
     if path is not None:
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, AttemptOutput.format_line("WARNING", ORPHANED).encode())
-            finally:
-                os.close(fd)
+        AttemptOutput.append_line(path, "WARNING", ORPHANED)
     os._exit(1)
 
 

@@ -400,10 +400,7 @@ def _run_attempt(
         frame = encode(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
-    if message["error"] is None:
-        output.line("INFO", "task finished: ok")
-    else:
-        output.line("INFO", f"task finished: {message['error_type']}: {message['error']}")
+    output.line("INFO", last_line(message, steering, task))
     output.flush()
     exit_code = 0
     try:
@@ -414,6 +411,22 @@ def _run_attempt(
         exit_code = 1
     output.flush()
     return exit_code
+
+
+def last_line(message: Mapping[str, Any], steering: Steering, task: Task) -> str:
+    """The line an attempt's log ends with: how it ended, as the supervisor will record it. A
+    failure after the supervisor stopped the attempt is recorded for the stop's reason."""
+    if message["error"] is None:
+        return "task finished: ok"
+    said = f"{message['error_type']}: {message['error']}"
+    reason = steering.cancel_reason
+    if reason == "shutdown":
+        return f"task interrupted by the daemon's shutdown ({said}): put back, it runs again after the next start"
+    if reason == "timeout" and task.timeout is not None:
+        return f"task stopped: timed out after {task.timeout:g} s ({said})"
+    if reason == "cancel":
+        return f"task cancelled by the user ({said})"
+    return f"task finished: {said}"
 
 
 def result_message(outcome: Any, max_result_bytes: int) -> dict[str, Any]:

@@ -139,6 +139,21 @@ class AttemptOutput:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
         return f"{stamp},{int(now * 1000) % 1000:03d} {level} {message}\n"
 
+    @classmethod
+    def append_line(cls, log_path: str | os.PathLike[str], level: str, message: str) -> None:
+        """One line at the end of a task's log, from outside the attempt writing it (nothing if
+        it cannot be written: it only ever adds to what the log already says)."""
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            os.write(fd, cls.format_line(level, message).encode("utf-8", "backslashreplace"))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def task_logger(self, task: Task) -> logging.Logger:
         """A logger for `ctx.log`, writing timestamped lines to the task's log."""
         # Not registered with `logging.getLogger`: a process running many attempts would keep

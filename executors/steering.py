@@ -1,7 +1,8 @@
 """Cancel, pause and resume: the supervisor's control messages and the Events an attempt sees.
 
-The supervisor writes small framed messages, `{"type": "cancel" | "pause" | "resume", "attempt"}`,
-on a control pipe of each executor process. A thread in the process that runs attempts reads them
+The supervisor writes small framed messages, `{"type": "cancel" | "pause" | "resume", "attempt"}`
+(a cancel also says why: `"reason": "cancel" | "timeout" | "shutdown"`), on a control pipe of each
+executor process. A thread in the process that runs attempts reads them
 and applies each to the Events of the attempt it names (a token unique to one attempt in that
 process, so a command meant for an earlier attempt, even of the same task, never steers a later
 one): `TaskContext` still gets a cancel Event and a resume Event (set = running), and the seed's
@@ -34,11 +35,14 @@ COMMANDS = ("cancel", "pause", "resume")
 PENDING_ATTEMPTS = 8
 
 
-def command(kind: str, attempt: str) -> bytes:
-    """One framed control message for the attempt named `attempt`."""
+def command(kind: str, attempt: str, reason: str | None = None) -> bytes:
+    """One framed control message for the attempt named `attempt` (`reason`: why it is cancelled)."""
     if kind not in COMMANDS:
         raise ValueError(f"unknown control command {kind!r}")
-    return encode({"type": kind, "attempt": attempt})
+    message = {"type": kind, "attempt": attempt}
+    if reason is not None:
+        message["reason"] = reason
+    return encode(message)
 
 
 class SteeredEvent(threading.Event):
@@ -74,10 +78,20 @@ class Steering:
         self.cancel = SteeredEvent(reader)
         self.resume = SteeredEvent(reader)
         threading.Event.set(self.resume)  # set = running; a pause clears it
+        self._reader = reader
+        self._cancel_reason: str | None = None
 
-    def apply(self, kind: str) -> None:
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the supervisor cancelled the attempt ("cancel": a user; "timeout"; "shutdown": the
+        daemon stops and will run it again), once it has; None before that, or if it did not say."""
+        self._reader.start()
+        return self._cancel_reason
+
+    def apply(self, kind: str, reason: str | None = None) -> None:
         # The plain Event methods: this runs inside the reader, which needs no starting.
         if kind == "cancel":
+            self._cancel_reason = reason
             # Cancel first, then wake a paused executor: it must see why it was woken.
             threading.Event.set(self.cancel)
             threading.Event.set(self.resume)
@@ -99,14 +113,14 @@ class ControlReader:
         self._thread: threading.Thread | None = None
         self._buffer = b""
         self._current: Steering | None = None
-        self._pending: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
 
     def steer(self, attempt: str) -> Steering:
         """The Events of the attempt that starts now (with the commands already sent for it)."""
         steering = Steering(attempt, self)
         with self._lock:
-            for kind in self._pending.pop(attempt, []):
-                steering.apply(kind)
+            for kind, reason in self._pending.pop(attempt, []):
+                steering.apply(kind, reason)
             self._pending.clear()  # meant for attempts that are over or never came
             self._current = steering
         return steering
@@ -162,11 +176,13 @@ class ControlReader:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:
             return
         kind, attempt = message["type"], str(message.get("attempt"))
+        reason = message.get("reason")
+        reason = reason if isinstance(reason, str) else None
         with self._lock:
             if self._current is not None and self._current.attempt == attempt:
-                self._current.apply(kind)
+                self._current.apply(kind, reason)
                 return
-            self._pending.setdefault(attempt, []).append(kind)
+            self._pending.setdefault(attempt, []).append((kind, reason))
             self._pending.move_to_end(attempt)
             while len(self._pending) > PENDING_ATTEMPTS:
                 self._pending.popitem(last=False)

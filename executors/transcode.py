@@ -147,7 +147,13 @@ def parse_clock(text: str) -> float | None:
 
 
 class FfmpegProgress:
-    """Turns ffmpeg's `-progress` key=value blocks into progress reports."""
+    """Turns ffmpeg's `-progress` key=value blocks into progress reports.
+
+    ffmpeg ends its last block with "progress=end" when it gets SIGTERM as well as when it has
+    encoded everything, so "end" alone does not mean the file is being finished: a cancelled
+    task (a cancel, a timeout or a shutdown all set the cancel Event before ffmpeg is signalled)
+    never reports it, and `stopped` takes it back once ffmpeg has failed after all.
+    """
 
     def __init__(self, ctx: TaskContext, duration: float | None) -> None:
         self.ctx = ctx
@@ -155,6 +161,8 @@ class FfmpegProgress:
         self.out_time: float | None = None
         self.speed: str | None = None
         self.ended = False
+        self._last: tuple[float, str | None] = (0, None)  # the last report before any "end"
+        self._finishing_reported = False
 
     def feed(self, line: str) -> None:
         """One line of ffmpeg's progress output."""
@@ -173,17 +181,27 @@ class FfmpegProgress:
             self._report()
             self.out_time = None  # each block brings its own
 
+    def stopped(self) -> None:
+        """ffmpeg did not succeed (it failed, or the task was cancelled): the progress goes back
+        to what it was before a "finishing" report, if one was made."""
+        if self._finishing_reported:
+            self._finishing_reported = False
+            self.ctx.progress(*self._last)
+
     def _report(self) -> None:
         done = max(self.out_time or 0.0, 0.0)
         speed = f" at {self.speed}" if self.speed else ""
         if self.ended:
-            self.ctx.progress(100, f"{clock(self.duration or done)} encoded, finishing")
-        elif self.duration:
+            if not self.ctx.cancelled:  # else ffmpeg says "end" because it was told to stop
+                self._finishing_reported = True
+                self.ctx.progress(100, f"{clock(self.duration or done)} encoded, finishing")
+            return
+        if self.duration:
             # 99 at most until ffmpeg says it has ended: the last seconds and the trailer remain.
-            percent = min(99.0, 100.0 * done / self.duration)
-            self.ctx.progress(percent, f"{clock(done)} of {clock(self.duration)}{speed}")
+            self._last = (min(99.0, 100.0 * done / self.duration), f"{clock(done)} of {clock(self.duration)}{speed}")
         else:
-            self.ctx.progress(0, f"{clock(done)} encoded{speed}")
+            self._last = (0, f"{clock(done)} encoded{speed}")
+        self.ctx.progress(*self._last)
 
 
 class TranscodeExecutor(TaskExecutor):
@@ -234,6 +252,7 @@ class TranscodeExecutor(TaskExecutor):
         finally:
             sys.stdout.flush()
         if outcome.cancelled or outcome.returncode != 0:
+            progress.stopped()
             partial.unlink(missing_ok=True)
             if outcome.cancelled:
                 return _process.cancelled_result()

@@ -71,11 +71,22 @@ def test_no_thread_reads_until_an_attempt_uses_its_events(control: tuple[Control
     assert reader._thread is None
     # The first use applies everything sent so far before it answers: no waiting needed.
     assert not attempt.resume.is_set()
-    assert reader._pending == {"other#1": ["cancel"]}
+    assert reader._pending == {"other#1": [("cancel", None)]}
     assert reader._thread is not None and reader._thread.is_alive()
     send(write_fd, "cancel", "task#1")  # and the thread applies what comes later
     wait_for(attempt.cancel.is_set)
     assert attempt.resume.is_set()
+
+
+def test_a_cancel_says_why_to_the_attempt_it_names(control: tuple[ControlReader, int]) -> None:
+    reader, write_fd = control
+    os.write(write_fd, steering.command("cancel", "task#2", "shutdown"))  # before its attempt starts
+    os.write(write_fd, steering.command("cancel", "task#1", "timeout"))
+    earlier = reader.steer("task#1")
+    assert earlier.cancel_reason == "timeout" and earlier.cancel.is_set()
+    later = reader.steer("task#2")
+    assert later.cancel_reason == "shutdown" and later.cancel.is_set()
+    assert reader.steer("task#3").cancel_reason is None  # not cancelled
 
 
 def test_a_stale_resume_cannot_end_a_pause_the_executor_asks_for_later(

@@ -6,10 +6,11 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -247,3 +248,46 @@ def test_end_to_end_through_the_supervisor(clip: Path, tmp_path: Path) -> None:
         assert again.result == {"skipped": True, "output": payload["output"]}  # what dependents read
     finally:
         sup.stop(grace=0, timeout=20)
+
+
+def test_a_cancelled_ffmpeg_saying_end_is_not_reported_as_finishing() -> None:
+    # ffmpeg ends its progress output with "progress=end" when it gets SIGTERM too.
+    cancel, resume = threading.Event(), threading.Event()
+    sink = media.Recorder()
+    ctx = TaskContext(media.make_task("TRANSCODE_MP4"), sink, cancel, resume)  # type: ignore[arg-type]
+    progress = transcode.FfmpegProgress(ctx, duration=10.0)
+    for line in ["out_time_ms=2500000", "progress=continue"]:
+        progress.feed(line)
+    cancel.set()
+    for line in ["out_time_ms=2600000", "progress=end"]:
+        progress.feed(line)
+    assert [(m["percent"], m["text"]) for m in sink.messages] == [(25, "00:00:02 of 00:00:10")]
+
+
+@pytest.mark.parametrize("stop", ["cancel", "timeout"])
+def test_a_stopped_transcode_never_shows_100_or_finishing(daemons: Any, clip: Path, tmp_path: Path, stop: str) -> None:
+    d = daemons().start()
+    # -re reads the input in real time: three seconds of work, stopped after about one.
+    payload = {"input": str(clip), "output": str(tmp_path / "clip.mp4"), "input_args": ["-re"]}
+    task_id = d.submit("TRANSCODE_MP4", payload=payload, **({"timeout": 1.0} if stop == "timeout" else {}))
+    if stop == "cancel":
+        wait_for(lambda: d.task(task_id)["progress"] > 0)
+        d.data("cancel", id=task_id)
+    task = d.wait_task(task_id, "cancelled", "failed")
+    assert task["error_type"] == {"cancel": models.CANCELLED, "timeout": "TIMEOUT"}[stop]
+    assert task["progress"] < 100 and "finishing" not in (task["status_text"] or ""), task
+    log_text = (d.log_dir / "tasks" / f"{task_id}.log").read_text()
+    assert "received signal 15" in log_text  # ffmpeg was stopped by SIGTERM, and said "end"
+
+
+def test_ffmpeg_killed_after_saying_end_takes_its_finishing_back(
+    launcher: media.Launcher, clip: Path, tmp_path: Path
+) -> None:
+    # SIGTERM from elsewhere (not a cancel): ffmpeg says "end", then fails.
+    output = tmp_path / "clip.mp4"
+    child = launcher.launch("TRANSCODE_MP4", {"input": str(clip), "output": str(output), "input_args": ["-re"]})
+    launcher.wait_message(child, lambda m: m["type"] == "progress")
+    os.kill(ffmpeg_pid(child.pid), signal.SIGTERM)
+    assert launcher.finish(child)["error_type"] == transcode.FFMPEG
+    reports = [m for m in launcher.messages(child) if m["type"] == "progress"]
+    assert reports[-1]["percent"] < 100 and "finishing" not in (reports[-1]["text"] or ""), reports[-3:]
