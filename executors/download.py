@@ -12,8 +12,10 @@ already there (below).
   hashes the existing output first: if it matches, the task ends at once without any request, else
   the file is downloaded again.
 
-- Data goes to `<output>.part` (flock-ed: two tasks never write one file), renamed to `output` once
-  complete and verified. An existing `.part` is resumed with `Range: bytes=N-`: after a dropped
+- The output is locked while the task writes it (`executors.output_lock`): a second task for it
+  pauses itself, "waiting for <output>", until the first is done. Data goes to `<output>.part`
+  (flock-ed too, against writers that skip the output's lock), renamed to `output` once complete
+  and verified. An existing `.part` is resumed with `Range: bytes=N-`: after a dropped
   connection (reconnected inside the attempt, up to 5 times in a row without progress, waiting 0,
   0.5, 1, 2, 4 s), after a pause that closed the connection, on a retry or by a later task. A 200
   answer to a Range request restarts from byte 0; a 416 for a complete `.part` finishes it.
@@ -55,7 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from daemon import models
-from executors import _http, _process
+from executors import _http, _process, output_lock
 from executors.base import ExecuteResult, TaskExecutor
 
 if TYPE_CHECKING:
@@ -368,20 +370,23 @@ class DownloadExecutor(TaskExecutor):
     pause_hold_seconds = 5.0  # a pause longer than this closes the connection
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
-        """Download to `<output>.part`, verify, rename to `output`."""
+        """Download to `<output>.part`, verify, rename to `output`, holding the output's lock."""
         try:
             spec = DownloadSpec.from_payload(task.payload)
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
+        return output_lock.run_locked(spec.output, ctx, lambda: self._download(spec, ctx))
+
+    def _download(self, spec: DownloadSpec, ctx: TaskContext) -> ExecuteResult:
+        # After the lock: a task that waited for another one's download may find it done.
         if spec.sha256 is not None:
             done = _existing_output(spec, ctx)
             if done is not None:
                 return done
         try:
-            spec.output.parent.mkdir(parents=True, exist_ok=True)
             part = PartFile(spec.part)
         except BlockingIOError:
-            return ExecuteResult(error=f"{spec.part} is being written by another task", error_type="OUTPUT_BUSY")
+            return ExecuteResult(error=f"{spec.part} is locked by another process", error_type="OUTPUT_BUSY")
         except OSError as exc:
             return ExecuteResult(error=f"cannot open {spec.part}: {exc}", error_type="IO_ERROR")
         outcome: ExecuteResult | None = None

@@ -8,8 +8,10 @@ as ffprobe reads it, else the input's; None if neither is known).
 
 ffmpeg writes to `<dir>/.<name>.<task id>.part` (as MP4), which is renamed to the output only after
 ffmpeg succeeded, so a half-written file never has the final name; the task id in it means no other
-file (the input, another task's output) can be that file. A task that fails for good or is cancelled
-leaves no partial file, even if its process was killed. Progress comes
+file (the input, another task's output) can be that file. The output is locked while ffmpeg writes
+it (`executors.output_lock`): a second task for it pauses itself, "waiting for <output>", until the
+first is done. A task that fails for good or is cancelled leaves no partial file, even if its
+process was killed. Progress comes
 from `-progress pipe:1` (out_time against the input's duration from ffprobe). Pause stops ffmpeg's
 process group (SIGSTOP), resume continues it; cancel ends it and removes the partial file.
 
@@ -32,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from executors import _process
+from executors import _process, output_lock
 from executors.base import ExecuteResult, TaskExecutor
 
 if TYPE_CHECKING:
@@ -227,10 +229,14 @@ class TranscodeExecutor(TaskExecutor):
         if ffprobe is None:
             ctx.log.warning("ffprobe not found: progress shows the encoded time only")
         duration = probe_duration(ffprobe, spec.input)
-        try:
-            spec.output.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return ExecuteResult(error=f"cannot create {spec.output.parent}: {exc}", error_type="IO_ERROR")
+        return output_lock.run_locked(
+            spec.output, ctx, lambda: self._transcode(spec, partial, ffmpeg, ffprobe, duration, ctx)
+        )
+
+    def _transcode(
+        self, spec: TranscodeSpec, partial: Path, ffmpeg: str, ffprobe: str | None, duration: float | None,
+        ctx: TaskContext,
+    ) -> ExecuteResult:
         argv = [
             ffmpeg, "-hide_banner", "-nostdin", "-y", *spec.input_args, "-i", str(spec.input),
             *spec.args, "-progress", "pipe:1", "-nostats", "-f", "mp4", str(partial),

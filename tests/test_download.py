@@ -425,6 +425,39 @@ def test_a_part_locked_by_another_task_is_output_busy(server: FileServer, tmp_pa
     assert result.error_type == "OUTPUT_BUSY" and server.requests == []
 
 
+def self_pauses(launcher: media.Launcher, child: Any) -> list[dict[str, Any]]:
+    return [m for m in launcher.messages(child) if m["type"] in ("pause_request", "resume_request")]
+
+
+def test_a_second_download_of_one_output_waits_for_the_first_and_finds_it_done(
+    server: FileServer, launcher: media.Launcher, tmp_path: Path
+) -> None:
+    output, _ = outputs(tmp_path)
+    first = start_gated(server, launcher, tmp_path)
+    second = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA))
+    pause = launcher.wait_message(second, lambda m: m["type"] == "pause_request")
+    assert pause["reason"] == f"waiting for {output}"
+    server.open_gate()
+    assert_downloaded(launcher.finish(first), tmp_path)
+    result = launcher.finish(second)
+    # Resumed once the first was done, it found the output with its sha256: nothing to download.
+    assert result["error"] is None and result["result"]["skipped"] is True
+    assert [m["type"] for m in self_pauses(launcher, second)] == ["pause_request", "resume_request"]
+    assert len(server.requests) == 1 and sorted(p.name for p in output.parent.iterdir()) == ["file.bin"]
+
+
+def test_a_download_waiting_for_its_output_can_be_cancelled(
+    server: FileServer, launcher: media.Launcher, tmp_path: Path
+) -> None:
+    first = start_gated(server, launcher, tmp_path)
+    second = launcher.launch("DOWNLOAD", payload(server, tmp_path, sha256=DATA_SHA))
+    launcher.wait_message(second, lambda m: m["type"] == "pause_request")
+    second.request_cancel()
+    assert launcher.finish(second)["error_type"] == models.CANCELLED
+    server.open_gate()  # the first never noticed
+    assert_downloaded(launcher.finish(first), tmp_path)
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon import cli
+from tests.conftest import wait_for
 from tests.daemon_harness import REPO
 
 pytestmark = pytest.mark.skipif(
@@ -72,3 +73,26 @@ def test_the_example_pipeline_downloads_then_transcodes(daemons, served: str, tm
     ).stdout.strip()
     assert codec == "h264"
     assert d.data("show", id=run["id"])["object"]["status"] == "completed"
+
+
+def test_the_example_pipeline_started_twice_at_once_downloads_and_transcodes_once(
+    daemons, served: str, tmp_path: Path
+) -> None:
+    d = daemons(max_workers=1)
+    example = (REPO / "config.example.toml").read_text()
+    d.config.write_text(d.config.read_text() + example[example.index("[templates."):])
+    d.start()
+    ready = tmp_path / "ready"
+    gate = d.submit("HANG", payload={"ready_file": str(ready)})
+    wait_for(ready.exists)  # the only worker is busy: both runs wait, their tasks all active
+    media = tmp_path / "media"
+    params = {"url": served, "name": "clip", "dir": str(media)}
+    first = d.data("run", template="download_and_transcode", params=params)
+    second = d.data("run", template="download_and_transcode", params=params)
+    # Both tasks of the second are the first's (idempotency keys): no second ffmpeg on clip.mp4.
+    assert second["run_id"] is None
+    assert [(t["id"], t["created"]) for t in second["tasks"]] == [(t["id"], False) for t in first["tasks"]]
+    d.data("cancel", id=gate)
+    transcode = d.wait_task(first["tasks"][1]["id"], "completed", "failed", timeout=90)
+    assert transcode["status"] == "completed", transcode["error"]
+    assert transcode["idempotency_key"] == "clip:TRANSCODE_MP4"

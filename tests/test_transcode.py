@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from daemon import models
+from daemon import children, models
 from daemon.models import TaskStatus
 from executors import transcode
 from executors.base import ExecuteResult, TaskContext
@@ -291,3 +291,46 @@ def test_ffmpeg_killed_after_saying_end_takes_its_finishing_back(
     assert launcher.finish(child)["error_type"] == transcode.FFMPEG
     reports = [m for m in launcher.messages(child) if m["type"] == "progress"]
     assert reports[-1]["percent"] < 100 and "finishing" not in (reports[-1]["text"] or ""), reports[-3:]
+
+
+def ffmpegs_of(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children() if p.name() == "ffmpeg"]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def one_transcode_waiting_for_another(
+    launcher: media.Launcher, clip: Path, tmp_path: Path
+) -> tuple[Path, children.ExecutorProcess, children.ExecutorProcess]:
+    """Two transcodes to one output: the first running ffmpeg, the second paused, waiting for it."""
+    output = tmp_path / "clip.mp4"
+    payload = {"input": str(clip), "output": str(output), "input_args": ["-re"]}
+    first = launcher.launch("TRANSCODE_MP4", payload)
+    launcher.wait_message(first, lambda m: m["type"] == "progress")
+    ffmpeg_pid(first.pid)
+    second = launcher.launch("TRANSCODE_MP4", payload)
+    pause = launcher.wait_message(second, lambda m: m["type"] == "pause_request")
+    assert pause["reason"] == f"waiting for {output}"
+    return output, first, second
+
+
+def test_a_second_transcode_to_one_output_waits_for_the_first(
+    launcher: media.Launcher, clip: Path, tmp_path: Path
+) -> None:
+    output, first, second = one_transcode_waiting_for_another(launcher, clip, tmp_path)
+    assert ffmpegs_of(second.pid) == []  # one ffmpeg writes the output, not two
+    assert launcher.finish(first)["error"] is None
+    launcher.wait_message(second, lambda m: m["type"] == "resume_request")
+    result = launcher.finish(second)
+    assert result["error"] is None and codec_of(output) == "h264"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4", "logs"]  # no lock file left
+
+
+def test_a_transcode_whose_process_was_killed_leaves_no_stale_lock(
+    launcher: media.Launcher, clip: Path, tmp_path: Path
+) -> None:
+    output, first, second = one_transcode_waiting_for_another(launcher, clip, tmp_path)
+    first.kill_tree()  # SIGKILL: the lock goes with its process
+    launcher.wait_message(second, lambda m: m["type"] == "resume_request")
+    assert launcher.finish(second)["error"] is None and codec_of(output) == "h264"
