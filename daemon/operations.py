@@ -114,7 +114,7 @@ class Handlers:
         if not known:
             raise FredicaError("no workflow templates are configured")
         if template not in known:
-            raise FredicaError(f"unknown template {protocol.shown(template)}; configured: {', '.join(sorted(known))}")
+            raise FredicaError(f"unknown template {template!r}; configured: {', '.join(sorted(known))}")
         params = params or {}
         if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
             raise FredicaError("params must map names to strings")
