@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
+from daemon import faults
 from daemon.errors import FredicaError
 from daemon.store import db
 
@@ -128,6 +129,13 @@ class LoopHandoff:
                     with db.savepoint(conn):
                         answers.append((future, True, fn()))
                 except BaseException as exc:  # handed back to the caller, never kills the loop
+                    kind = faults.classify(exc)
+                    if kind is not None:
+                        # The database's fault, not the request's: the whole tick is rolled back
+                        # and every request in it refused, this one too.
+                        answers.append((future, False, exc))
+                        self.refuse(answers, faults.refusal(kind))
+                        raise
                     answers.append((future, False, exc))
 
     @staticmethod
@@ -143,3 +151,13 @@ class LoopHandoff:
         """The transaction they ran in was rolled back: nothing they asked for happened."""
         for future, _, _ in answers:
             future.set_exception(exc)
+
+    def refuse_pending(self, exc: BaseException) -> None:
+        """Refuse every call still waiting for the loop, running none of them."""
+        while True:
+            try:
+                _, future, _ = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(exc)

@@ -2,13 +2,16 @@
 paused, its own pause and resume requests, log lines, and its result; and what a user's pause and
 resume do to it.
 
-Applied by the supervisor's loop, the database's one writer; executors only ever send messages.
+Messages change only the supervisor's memory (`RunningTask`): what they say has happened, and
+cannot be taken back, even if the tick that read them is rolled back (a full disk). The loop
+writes that memory's mirror in the task row (`is_paused`, `is_pausable`, progress) from there.
+Executors only ever send messages.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, Callable
 
 from daemon import running
 from daemon.errors import NotPausable
@@ -18,30 +21,29 @@ from daemon.store import tasks
 from executors.base import ExecuteResult
 
 
-def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], now: float) -> None:
-    """Apply one message; a malformed one is logged and skipped, never stops the ones after it
-    (the attempt's result among them)."""
+def apply(rt: RunningTask, message: dict[str, Any], now: float) -> None:
+    """Apply one message to the attempt's memory; a malformed one is logged and skipped, never
+    stops the ones after it (the attempt's result among them)."""
     kind = message.get("type")
     try:
         if kind == "progress":
             text = message.get("text")
-            rt.progress = (int(message.get("percent", 0)), None if text is None else str(text))
+            rt.note_progress(int(message.get("percent", 0)), None if text is None else str(text))
         elif kind == "pausable":
-            pausable = bool(message.get("pausable"))
-            tasks.set_pausable(conn, rt.task.id, pausable)
-            if not pausable and rt.paused_by == "user":
+            rt.set_pausable(bool(message.get("pausable")))
+            if not rt.pausable and rt.paused_by == "user":
                 # Paused by a user while it still counted as pausable (the class default, before
                 # the executor read its payload): it will never honour that pause, so the pause
                 # is undone, not left to show it paused and stop its timeout's clock. Its own
                 # request_pause is its own business.
                 rt.child.resume()
-                mark_resumed(conn, rt, now)
+                rt.note_resumed(now)
                 rt.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
         elif kind == "pause_request":
-            mark_paused(conn, rt, now, by="executor")
+            rt.note_paused(now, "executor")
             rt.log.info("task_paused", by="executor", reason=message.get("reason"))
         elif kind == "resume_request":
-            mark_resumed(conn, rt, now)
+            rt.note_resumed(now)
             rt.log.info("task_resumed", by="executor")
         elif kind == "log":
             rt.log.log(running.log_level(message.get("level")), "executor_log", message=str(message.get("message")))
@@ -55,36 +57,35 @@ def apply(conn: sqlite3.Connection, rt: RunningTask, message: dict[str, Any], no
         rt.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
 
 
-def pause_by_user(conn: sqlite3.Connection, task: Task, rt: RunningTask | None, paused: bool, now: float) -> Task:
-    """Pause (or resume) a running, pausable task for a user (SPEC §7): the command to its
-    process, then `is_paused`; NotPausable, changing nothing, when it cannot be."""
+def pause_by_user(
+    conn: sqlite3.Connection, task: Task, rt: RunningTask | None, paused: bool, now: float
+) -> tuple[Task, Callable[[], None]]:
+    """Pause (or resume) a running, pausable task for a user (SPEC §7): `is_paused` written, and
+    the command to its process with the attempt's memory changed to run once that is committed
+    (a request whose tick is rolled back must have done nothing). NotPausable, changing nothing,
+    when it cannot be."""
     verb = "paused" if paused else "resumed"
     if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
         raise NotPausable(f"task {task.id} is {task.display_status}: only a running task can be {verb}")
     if rt.finishing():
         raise NotPausable(f"task {task.id} has just finished its attempt: it cannot be {verb}")
     if paused:
-        if not task.is_pausable:
+        if not rt.pausable:
             raise NotPausable(f"task {task.id} ({task.type}) cannot be paused")
-        if task.is_paused:
+        if rt.paused_since is not None:
             raise NotPausable(f"task {task.id} is already paused")
-        rt.child.pause()
-        mark_paused(conn, rt, now, by="user")
-        rt.log.info("task_paused", by="user")
-    else:
-        if not task.is_paused:
-            raise NotPausable(f"task {task.id} is not paused")
-        rt.child.resume()
-        mark_resumed(conn, rt, now)
-        rt.log.info("task_resumed", by="user")
-    return tasks.get(conn, task.id)
+    elif rt.paused_since is None:
+        raise NotPausable(f"task {task.id} is not paused")
+    tasks.set_paused(conn, task.id, paused)
 
+    def command() -> None:
+        if paused:
+            rt.child.pause()
+            rt.note_paused(now, "user")
+            rt.log.info("task_paused", by="user")
+        else:
+            rt.child.resume()
+            rt.note_resumed(now)
+            rt.log.info("task_resumed", by="user")
 
-def mark_paused(conn: sqlite3.Connection, rt: RunningTask, now: float, *, by: str) -> None:
-    tasks.set_paused(conn, rt.task.id, True)
-    rt.note_paused(now, by)
-
-
-def mark_resumed(conn: sqlite3.Connection, rt: RunningTask, now: float) -> None:
-    tasks.set_paused(conn, rt.task.id, False)
-    rt.note_resumed(now)
+    return tasks.get(conn, task.id), command

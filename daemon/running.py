@@ -39,6 +39,13 @@ class RunningTask:
     paused_by: str | None = None  # "user" or "executor" (its own request_pause)
     paused_seconds: float = 0.0
     ending_noted: bool = False  # the supervisor's line on how it ended is in the task's log
+    # The task row's is_paused, is_pausable and progress mirror this memory: the loop writes them
+    # when `mirror_dirty` (at once for a pause, every progress_interval for progress), and all of
+    # them again after a tick whose writes were rolled back.
+    pausable: bool = False
+    mirror_dirty: bool = False
+    last_progress: tuple[int, str | None] | None = None  # latest value, written or not
+    ended_at: float | None = None  # when the loop found the attempt over (its outcome's time)
 
     @property
     def log(self) -> Any:
@@ -52,11 +59,26 @@ class RunningTask:
     def note_paused(self, now: float, by: str) -> None:
         if self.paused_since is None:
             self.paused_since, self.paused_by = now, by
+            self.mirror_dirty = True
 
     def note_resumed(self, now: float) -> None:
         if self.paused_since is not None:
             self.paused_seconds += now - self.paused_since
             self.paused_since = self.paused_by = None
+            self.mirror_dirty = True
+
+    def set_pausable(self, pausable: bool) -> None:
+        if pausable != self.pausable:
+            self.pausable, self.mirror_dirty = pausable, True
+
+    def note_progress(self, percent: int, text: str | None) -> None:
+        self.progress = self.last_progress = (percent, text)
+
+    def mirror_lost(self) -> None:
+        """The tick that wrote this attempt's mirror was rolled back: write all of it again."""
+        self.mirror_dirty = True
+        if self.progress is None:
+            self.progress = self.last_progress
 
     @property
     def channel_open(self) -> bool:

@@ -185,5 +185,5 @@ def _serve(settings: config.Settings) -> int:
         supervisor.run()
     finally:
         server.close()
-    log.info("daemon_stopped")
-    return 0
+    log.info("daemon_stopped", exit_status=supervisor.exit_status)
+    return supervisor.exit_status

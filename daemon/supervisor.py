@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import sqlite3
 import threading
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, dispatch, handoff, messages, models, outcomes, pipes, pool, processes, templates
+from daemon import children, dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, templates
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, UnknownTask
 from daemon.handoff import LoopHandoff
@@ -89,6 +91,17 @@ class Supervisor:
         self._next_heartbeat = 0.0
         self.notifier = notifier if notifier is not None else Notifier({})
         self.finished_counts = {"completed": 0, "failed": 0, "cancelled": 0}
+        # SPEC §13: while the database cannot be written, what the loop still has to record waits
+        # here: attempts that ended (their processes released) and, in `running`, their mirrors.
+        self.fault: faults.WriteFault | None = None
+        self.unrecorded: list[RunningTask] = []
+        # What this tick did that its rollback must undo in memory: attempts it finished (back to
+        # `unrecorded`) and attempts it dispatched (their processes back to the pool).
+        self._finished: list[RunningTask] = []
+        self._dispatched: list[RunningTask] = []
+        self.exit_status = 0  # 1 once corruption ended the loop
+        self.database_faults = 0  # write faults ridden out since start, each counted once
+        self._corruption: BaseException | None = None
         # Whether a retry may be waiting out its backoff delay. Only this loop schedules retries
         # (the one writer), so once the database says none is, claims and timeouts skip looking
         # until one is scheduled again. True at first: recovery may have left some.
@@ -97,8 +110,18 @@ class Supervisor:
     # --- the API other threads use --------------------------------------------------------------
 
     def call(self, fn: Callable[[], T], timeout: float | None = CALL_TIMEOUT) -> T:
-        """Run `fn` on the loop thread, in its transaction; its result once that is committed."""
+        """Run `fn` on the loop thread, in its transaction; its result once that is committed.
+        While the database cannot be written, refused at once (every call writes)."""
+        fault = self.fault
+        if fault is not None:
+            raise fault.refusal()
         return self._handoff.call(fn, timeout)
+
+    def report_corruption(self, exc: BaseException) -> None:
+        """A reader found the database corrupt: the loop ends the daemon (SPEC §13). Any thread."""
+        if self._corruption is None:
+            self._corruption = exc
+        self.wake()
 
     def wake(self) -> None:
         """Make the loop tick now (safe from any thread and from signal handlers)."""
@@ -160,20 +183,49 @@ class Supervisor:
         """Tick until stopped; the shell around `tick`."""
         self.bind_loop_thread()
         try:
-            while True:
+            while self.exit_status == 0:
                 timeout = self.tick()
-                if self._shutdown_deadline is not None and not self.running:
+                if self._shutdown_deadline is not None and not self.running and not self._record_at_exit():
                     break
                 self._wait(timeout)
         finally:
-            # Answer whatever arrived during shutdown rather than leave it hanging.
+            # No step here may need the database (SPEC §13), and none may be skipped because
+            # another failed: launchers left undismissed would keep this process from exiting.
+            with contextlib.suppress(Exception):
+                self._answer_the_last_calls()
+            with contextlib.suppress(Exception):
+                self.idle.dismiss_all()
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self._handoff.finished.set()
+            log.info("supervisor_stopped", exit_status=self.exit_status)
+
+    def _record_at_exit(self) -> bool:
+        """At shutdown, with attempts whose outcome a write fault kept from the database: whether
+        to go on trying. Not past the shutdown deadline's second grace: recovery then reports
+        them interrupted, each with a restart-log entry, rather than the daemon never exit."""
+        if not self.unrecorded:
+            return False
+        assert self._shutdown_deadline is not None
+        if self.clock() < self._shutdown_deadline + self.settings.cancel_grace:
+            return True
+        log.error("outcomes_not_recorded", tasks=[rt.task.id for rt in self.unrecorded],
+                  reason="the database could not be written before the shutdown ended")
+        return False
+
+    def _answer_the_last_calls(self) -> None:
+        """Answer whatever arrived during shutdown rather than leave it hanging."""
+        if self.fault is not None or self.exit_status != 0:
+            refusal = self.fault.refusal() if self.fault is not None else handoff.ShuttingDown("the daemon is stopping")
+            self._handoff.refuse_pending(refusal)
+            return
+        try:
             with db.write(self.conn):
                 answers = self._handoff.run_calls(self.conn)
-            self._handoff.answer(answers)
-            self.idle.dismiss_all()
-            self.conn.close()
-            self._handoff.finished.set()
-            log.info("supervisor_stopped")
+        except sqlite3.Error as exc:
+            self._handoff.refuse_pending(faults.DatabaseFault(f"the database could not be written: {exc}"))
+            return
+        self._handoff.answer(answers)
 
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._handoff.wake_fd]
@@ -194,35 +246,140 @@ class Supervisor:
         commit waits: a request is answered only once what it did is durable, and a task is sent
         to its executor process only once its `running` row, with that process's pid, is.
         """
+        if self._corruption is not None:  # found by a reader of the database, on another thread
+            self._end_on_corruption(self._corruption)
+            return 0.0
+        if self.fault is not None and (self.clock() if now is None else now) < self.fault.retry_at:
+            return self._tick_without_writes(self.clock() if now is None else now)
         answers: list[handoff.Answer] = []
+        self._finished, self._dispatched = [], []
         try:
             with db.write(self.conn):
                 # Requests first, then the clock: a task submitted by a request is stamped before
                 # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
                 answers = self._handoff.run_calls(self.conn)
                 now = self.clock() if now is None else now
-                if self._stop_requested.is_set() and self._shutdown_deadline is None:
-                    self._shutdown_deadline = now + self._pending_grace
-                    log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
-                    self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
+                self._note_shutdown(now)
                 timeout = self._tick(now)
         except BaseException as exc:
-            self._handoff.refuse(answers, exc)
-            raise
+            kind = faults.classify(exc)
+            self._roll_back_memory()
+            self._handoff.refuse(answers, faults.refusal(kind) if kind is not None else exc)
+            if kind is None:
+                raise
+            return self._on_database_fault(kind, exc, self.clock() if now is None else now)
         self._handoff.answer(answers)
+        if self.fault is not None:
+            log.warning("database_fault_ended", seconds=round(now - self.fault.since, 3),
+                        retries=self.fault.failed_retries + 1)
+            self.fault = None
         self._flush_outbox()
         return timeout
 
-    def _tick(self, now: float) -> float:
+    def _note_shutdown(self, now: float) -> None:
+        if self._stop_requested.is_set() and self._shutdown_deadline is None:
+            self._shutdown_deadline = now + self._pending_grace
+            log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
+            self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
+
+    # --- database faults (SPEC §13) -------------------------------------------------------------
+
+    def _roll_back_memory(self) -> None:
+        """The tick's transaction was rolled back: undo in memory what it assumed committed."""
+        self._outbox = []  # hand-overs, hooks, counts and requests' commands: none happened
+        for rt in reversed(self._dispatched):  # never given their task
+            self.running.pop(rt.task.id, None)
+            self.idle.put_back(rt.child)
+        # Attempts that ended stay ended (their processes are released): only the records are
+        # lost, and made again once the database takes writes.
+        self.unrecorded += [rt for rt in self._finished if rt not in self.unrecorded]
+        for rt in self.running.values():
+            rt.mirror_lost()
+        self._finished, self._dispatched = [], []
+
+    def _on_database_fault(self, kind: faults.Kind, exc: BaseException, now: float) -> float:
+        if kind is faults.Kind.CORRUPT:
+            self._end_on_corruption(exc)
+            return 0.0
+        if self.fault is None:
+            self.fault = faults.WriteFault.start(kind, exc, now)
+            self.database_faults += 1
+            log.error("database_fault", kind=kind.value, error=str(exc), running=len(self.running))
+        else:
+            self.fault.retry_failed(kind, exc, now)
+        if self.notifier.enabled:
+            self.notifier.tick(now, self.summary())
+        return self._timeout_without_writes(now)
+
+    def _tick_without_writes(self, now: float) -> float:
+        """A tick while the database cannot be written: requests refused, running tasks watched
+        and steered, ended attempts kept in memory, nothing claimed."""
+        assert self.fault is not None
+        self._handoff.refuse_pending(self.fault.refusal())
+        self._note_shutdown(now)
+        self._finished = []
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
             if self._may_be_over(rt) and rt.attempt_over():
-                self._guard(rt, self._finish, rt, now, atomic=True)
+                self._guard(rt, self._conclude, rt, now)
+        self.unrecorded += self._finished
+        self._finished = []
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
-        self._flush_progress(now)
+        if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
+            self._interrupt_all(now)
+        self._flush_outbox()  # stop commands: they wait for no commit
+        if self.notifier.enabled:
+            self.notifier.tick(now, self.summary())
+        return self._timeout_without_writes(now)
+
+    def _timeout_without_writes(self, now: float) -> float:
+        assert self.fault is not None
+        deadlines = [self.fault.retry_at]
+        for rt in self.running.values():
+            deadlines += rt.deadlines(now, self.settings.progress_interval, self.settings.cancel_grace)
+        if self._shutdown_deadline is not None:
+            deadlines.append(self._shutdown_deadline)
+        return max(0.0, min(deadlines) - now)
+
+    def _end_on_corruption(self, exc: BaseException) -> None:
+        """Corruption: no more claims or writes; every attempt's process tree is ended, and the
+        loop ends with exit status 1 within cancel_grace (SPEC §13)."""
+        log.critical("database_corrupt", error=str(exc), database=str(self.settings.database),
+                     running=len(self.running), action="ending every attempt and exiting")
+        self.exit_status = 1
+        roots = []
+        for rt in self.running.values():
+            if rt.task.executor_pid is not None and rt.task.executor_started_at is not None:
+                found = processes.find_leftover(rt.task.executor_pid, rt.task.executor_started_at)
+                if found is not None:
+                    roots.append(found)
+        # SIGTERM, then SIGKILL what is left half-way to the promised bound.
+        processes.end_process_trees(roots, self.settings.cancel_grace / 2)
+        for rt in self.running.values():  # a launcher is no part of its attempt's tree
+            with contextlib.suppress(Exception):
+                rt.child.kill()
+                rt.child.reap(1.0)
+                rt.child.close()
+        self.running.clear()
+
+    def _tick(self, now: float) -> float:
+        if self.unrecorded:  # ended while the database could not be written
+            ended, self.unrecorded = self.unrecorded, []
+            for rt in ended:
+                self._finished.append(rt)
+                self._record(rt)
+        for rt in list(self.running.values()):
+            self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
+        for rt in list(self.running.values()):
+            if self._may_be_over(rt) and rt.attempt_over():
+                self._guard(rt, self._finish, rt, now)
+        self._ready = None
+        for rt in list(self.running.values()):
+            self._guard(rt, self._enforce_deadlines, rt, now)
+        self._write_mirrors(now)
         if now >= self._next_heartbeat and self.running:
             tasks.heartbeat(self.conn, list(self.running), now)
             self._next_heartbeat = now + self.settings.heartbeat_interval
@@ -251,6 +408,8 @@ class Supervisor:
         """One line for systemd's STATUS: what the daemon is doing."""
         done = self.finished_counts
         state = "stopping" if self._shutdown_deadline is not None else "running"
+        if self.fault is not None:
+            state += "; " + self.fault.summary(self.clock())
         return (
             f"{state}: {len(self.running)}/{self.settings.max_workers} workers busy; since start "
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
@@ -265,7 +424,9 @@ class Supervisor:
         try:
             with db.savepoint(self.conn) if atomic else contextlib.nullcontext():
                 fn(*args)
-        except Exception:
+        except Exception as exc:
+            if faults.classify(exc) is not None:
+                raise  # the database's fault, not the task's: the whole tick is rolled back
             rt.log.exception("supervisor_error")
 
     def _claim(self, now: float) -> None:
@@ -275,7 +436,9 @@ class Supervisor:
                 try:
                     with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
                         self._dispatch(task, now)
-                except Exception:
+                except Exception as exc:
+                    if faults.classify(exc) is not None:
+                        raise
                     log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
                     self.running.pop(task.id, None)
                     error = "the supervisor could not dispatch the task"
@@ -341,7 +504,10 @@ class Supervisor:
         except BaseException:
             self.idle.put_back(child)  # it was given nothing
             raise
-        self.running[task.id] = rt = RunningTask(task=started, child=child, executor=executor, started_at=now)
+        self.running[task.id] = rt = RunningTask(
+            task=started, child=child, executor=executor, started_at=now, pausable=started.is_pausable
+        )
+        self._dispatched.append(rt)
         # The executor gets the payload with its references to upstream results filled in.
         attempt = dataclasses.replace(started, payload=task.payload)
         self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last))
@@ -383,7 +549,7 @@ class Supervisor:
             check_exit = self._ready is None or rt.child.sentinel in self._ready
         drained = rt.child.drain(limit, check_exit=check_exit)
         for message in drained.messages:
-            messages.apply(self.conn, rt, message, now)
+            messages.apply(rt, message, now)
         if drained.fork_exitcode is not None:
             rt.attempt_exitcode = drained.fork_exitcode
         if was_open and rt.child.status.broken and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
@@ -393,10 +559,18 @@ class Supervisor:
             rt.log.warning("executor_channel_broken", reason=rt.child.status.close_reason)
             rt.child.kill_tree()
 
-    def _flush_progress(self, now: float, only: RunningTask | None = None) -> None:
+    def _write_mirrors(self, now: float, only: RunningTask | None = None) -> None:
+        """Write what the task rows mirror of running attempts: pause states at once, progress at
+        most every progress_interval per task (`only`: that attempt's, whatever its age)."""
+        attempts = [only] if only else list(self.running.values())
+        dirty = [rt for rt in attempts if rt.mirror_dirty]
+        if dirty:
+            tasks.record_pause_states(self.conn, [(rt.task.id, rt.paused_since is not None, rt.pausable) for rt in dirty])
+            for rt in dirty:
+                rt.mirror_dirty = False
         due = [
             rt
-            for rt in ([only] if only else self.running.values())
+            for rt in attempts
             if rt.progress is not None and (only or now - rt.progress_written_at >= self.settings.progress_interval)
         ]
         if not due:
@@ -409,7 +583,13 @@ class Supervisor:
     # --- ending an attempt ----------------------------------------------------------------------
 
     def _finish(self, rt: RunningTask, now: float) -> None:
-        """The attempt is over: record its outcome, and keep its process if it takes another task.
+        """The attempt is over: release its process, then record its outcome."""
+        self._conclude(rt, now)
+        self._record(rt)
+
+    def _conclude(self, rt: RunningTask, now: float) -> None:
+        """End the attempt in memory: read the rest of what it said, release its process (kept
+        if it takes another task), and leave it to `_record`. Needs no database.
 
         A process that exits is read to the end of its channel first; one that goes on has sent
         its result as the attempt's last message.
@@ -417,13 +597,9 @@ class Supervisor:
         reusable = rt.reusable()
         while rt.channel_open and not reusable:
             self._drain(rt, now, None, check_exit=True)
-        self._flush_progress(now, only=rt)
-        # Recorded first: if that fails, the attempt is still running here, and the next tick
-        # records it again rather than leave its row `running` with nobody watching it.
-        recorded = outcomes.record_attempt(self.conn, self.settings, rt, now)
+        rt.ended_at = now
         del self.running[rt.task.id]
-        # Nothing after the record may raise: the savepoint would undo it, with the attempt
-        # already forgotten here.
+        self._finished.append(rt)  # from here on, a rolled-back tick keeps it in `unrecorded`
         try:
             if reusable:
                 self.idle.put_back(rt.child)
@@ -435,14 +611,31 @@ class Supervisor:
             rt.log.exception("executor_release_failed")
             with contextlib.suppress(Exception):
                 rt.child.kill()
-        self._note(recorded)
+
+    def _record(self, rt: RunningTask) -> None:
+        """Record an ended attempt's outcome (SPEC §6), as of when it ended."""
+        assert rt.ended_at is not None
+        try:
+            with db.savepoint(self.conn):  # its statements are undone together if one fails
+                self._write_mirrors(rt.ended_at, only=rt)
+                self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
+        except Exception as exc:
+            if faults.classify(exc) is not None:
+                raise
+            # A bug of ours: tried again next tick rather than leave the row `running` with no
+            # attempt behind it.
+            rt.log.exception("outcome_not_recorded")
+            self.unrecorded.append(rt)
+
+    def _count_finished(self, status: str) -> None:
+        self.finished_counts[status] += 1
 
     def _note(self, recorded: outcomes.Recorded) -> None:
-        """Count what `outcomes.record` did, and queue its hook to run after the commit."""
-        if recorded.finished is not None:
-            self.finished_counts[recorded.finished] += 1
+        """Count what `outcomes.record` did, and queue its hook, once that is committed."""
         if recorded.retried:
             self._delayed_possible = True
+        if recorded.finished is not None:
+            self._outbox.append(functools.partial(self._count_finished, recorded.finished))
         if recorded.hook is not None:
             self._outbox.append(recorded.hook)  # the hook sees the failure committed
 
@@ -455,36 +648,52 @@ class Supervisor:
             if run is None:
                 raise UnknownTask(f"no task or workflow run has id {target_id}")
             outcome = tasks.cancel_waiting_in_run(self.conn, target_id, now=now)
-            stopping = [task_id for task_id in outcome.running if self._request_stop(task_id, "cancel", now)]
+            stopping = [task_id for task_id in outcome.running
+                        if self._request_stop(task_id, "cancel", now, requested=True)]
             if not outcome.cancelled and not stopping:
                 raise InvalidTransition(target_id, run.status.value, "cancelled",
                                         f"workflow run {target_id} is {run.status.value}: nothing to cancel")
             log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
             return CancelReport(outcome.cancelled, tuple(stopping))
-        if self._request_stop(task.id, "cancel", now):
+        if self._request_stop(task.id, "cancel", now, requested=True):
             return CancelReport((), (task.id,))
         tasks.cancel(self.conn, task.id, now=now)
         log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user")
         return CancelReport((task.id,), ())
 
-    def _request_stop(self, task_id: str, reason: str, now: float) -> bool:
-        """Ask a running task's executor to stop; False if no executor of ours runs it."""
+    def _request_stop(self, task_id: str, reason: str, now: float, *, requested: bool = False) -> bool:
+        """Ask a running task's executor to stop; False if no executor of ours runs it.
+
+        `requested`: for a user's request, whose effects wait for its tick's commit (rolled back,
+        it must have done nothing); a timeout or a shutdown acts at once.
+        """
         rt = self.running.get(task_id)
         if rt is None:
             return False
-        if rt.stop_requested_at is None:
-            # An attempt that has reported its result (or whose process has exited) ended as it
-            # said, whatever comes now: its process is still stopped if it lingers, but the
-            # stop does not relabel that outcome (a failure as CANCELLED, or put back at shutdown).
-            if not rt.finishing():
-                rt.stop_reason = reason
-            rt.stop_requested_at = now
-            # Sets the resume Event too, so a paused executor wakes up to see the cancel.
-            rt.child.request_cancel(reason)
-            if rt.paused_since is not None:
-                messages.mark_resumed(self.conn, rt, now)
-            rt.log.info("task_stop_requested", reason=reason)
+        if requested:
+            self._outbox.append(functools.partial(self._stop_if_running, rt, reason, now))
+        else:
+            self._stop(rt, reason, now)
         return True
+
+    def _stop_if_running(self, rt: RunningTask, reason: str, now: float) -> None:
+        if self.running.get(rt.task.id) is rt:  # not ended meanwhile, in the tick of the request
+            self._stop(rt, reason, now)
+
+    @staticmethod
+    def _stop(rt: RunningTask, reason: str, now: float) -> None:
+        if rt.stop_requested_at is not None:
+            return
+        # An attempt that has reported its result (or whose process has exited) ended as it
+        # said, whatever comes now: its process is still stopped if it lingers, but the stop
+        # does not relabel that outcome (a failure as CANCELLED, or put back at shutdown).
+        if not rt.finishing():
+            rt.stop_reason = reason
+        rt.stop_requested_at = now
+        # Sets the resume Event too, so a paused executor wakes up to see the cancel.
+        rt.child.request_cancel(reason)
+        rt.note_resumed(now)
+        rt.log.info("task_stop_requested", reason=reason)
 
     def _enforce_deadlines(self, rt: RunningTask, now: float) -> None:
         grace = self.settings.cancel_grace
@@ -497,7 +706,11 @@ class Supervisor:
         rt.escalate(now, grace)
 
     def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
-        return messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), self.running.get(task_id), paused, now)
+        rt = self.running.get(task_id)
+        task, command = messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), rt, paused, now)
+        assert rt is not None  # pause_by_user refuses a task that no attempt of ours runs
+        self._outbox.append(lambda: command() if self.running.get(task_id) is rt else None)
+        return task
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import pytest
 
 from daemon.store import db, tasks
 from daemon.submission import TaskSpec
+from tests import mounts
 from tests.daemon_harness import Daemon
 
 PAGE = 4096
@@ -102,7 +103,7 @@ def test_a_database_deleted_while_its_wal_remains_is_not_started_empty(daemons) 
 def read_only_state(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
     """Makes a directory holding a database read-only: a read-only mount as root (file modes do not
     stop root), the modes otherwise."""
-    mounts: list[Path] = []
+    mounted: list[Path] = []
     modes: list[Path] = []
 
     def make_read_only(directory: Path) -> None:
@@ -110,13 +111,8 @@ def read_only_state(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
             saved = {p.name: p.read_bytes() for p in directory.iterdir()}
             for p in directory.iterdir():
                 p.unlink()
-            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(directory)],
-                                     capture_output=True, text=True)
-            if mounted.returncode != 0:
-                if os.environ.get("CI"):
-                    raise AssertionError(f"cannot mount a tmpfs as root: {mounted.stderr}")
-                pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-            mounts.append(directory)
+            mounts.mount_tmpfs(directory, "64m")
+            mounted.append(directory)
             for name, data in saved.items():
                 (directory / name).write_bytes(data)
             subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
@@ -126,8 +122,8 @@ def read_only_state(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
                 modes.append(p)
 
     yield make_read_only
-    for directory in mounts:
-        subprocess.run(["umount", str(directory)], check=False)
+    for directory in mounted:
+        mounts.unmount(directory)
     for p in modes:
         p.chmod(0o700 if p.is_dir() else 0o600)
 

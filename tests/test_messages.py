@@ -1,4 +1,7 @@
-"""What an attempt's status messages do to its task, message by message (daemon.messages)."""
+"""What an attempt's status messages do to its task, message by message (daemon.messages).
+
+Messages change the attempt's memory only; the loop writes its mirror in the task row
+(tests/test_supervisor.py shows that part)."""
 
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def running_task(tmp_path: Path) -> tuple[Any, RunningTask]:
     assert claimed is not None
     started = tasks.start(conn, claimed.id, now=T0, known=claimed)
     # The loop applies the messages: they touch the executor process only to resume it.
-    return conn, RunningTask(task=started, child=RecordingChild(), executor=None, started_at=T0)  # type: ignore[arg-type]
+    return conn, RunningTask(task=started, child=RecordingChild(), executor=None, started_at=T0,  # type: ignore[arg-type]
+                             pausable=True)
 
 
 def test_a_malformed_message_is_logged_and_the_ones_after_it_still_apply(tmp_path: Path) -> None:
@@ -49,36 +53,33 @@ def test_a_malformed_message_is_logged_and_the_ones_after_it_still_apply(tmp_pat
     ]
     with structlog.testing.capture_logs() as events:
         for message in batch:
-            messages.apply(conn, rt, message, T0 + 1)
+            messages.apply(rt, message, T0 + 1)
     assert [e["event"] for e in events if e["event"] == "bad_executor_message"] == ["bad_executor_message"] * 3
     assert rt.progress == (40, "halfway") and rt.paused_since == T0 + 1
     assert rt.result == ExecuteResult(result={"done": True})
-    task = tasks.get(conn, rt.task.id)
-    assert task.status is TaskStatus.RUNNING and task.is_paused
+    assert rt.mirror_dirty and rt.last_progress == (40, "halfway")  # for the loop to write
 
 
 def test_an_unknown_message_is_logged_and_changes_nothing(tmp_path: Path) -> None:
     conn, rt = running_task(tmp_path)
     with structlog.testing.capture_logs() as events:
-        messages.apply(conn, rt, {"type": "exited", "exitcode": 0}, T0 + 1)  # only a launcher's pipe says that
+        messages.apply(rt, {"type": "exited", "exitcode": 0}, T0 + 1)  # only a launcher's pipe says that
     assert [(e["event"], e["kind"]) for e in events] == [("unknown_executor_message", "exited")]
-    assert rt.result is None and rt.attempt_exitcode is None
-    assert tasks.get(conn, rt.task.id).status is TaskStatus.RUNNING
+    assert rt.result is None and rt.attempt_exitcode is None and not rt.mirror_dirty
 
 
 def test_a_pause_taken_before_the_executor_said_it_is_not_pausable_is_undone(tmp_path: Path) -> None:
     # SHELL counts as pausable until it has read "pausable": false in its payload; a user's
     # pause accepted in between would never be honoured, and would stop the timeout's clock.
     conn, rt = running_task(tmp_path)
-    messages.mark_paused(conn, rt, T0 + 1, by="user")  # as the supervisor records a user's pause
-    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 3)
-    task = tasks.get(conn, rt.task.id)
-    assert not task.is_pausable and not task.is_paused and rt.paused_since is None
+    rt.note_paused(T0 + 1, "user")  # as the supervisor records a user's pause
+    messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 3)
+    assert not rt.pausable and rt.paused_since is None and rt.mirror_dirty
     assert rt.child.commands == ["resume"] and rt.paused_seconds == 2  # type: ignore[attr-defined]
-    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 4)  # not paused: nothing to undo
+    messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 4)  # not paused: nothing to undo
     assert rt.child.commands == ["resume"]  # type: ignore[attr-defined]
     # A pause the executor asked for itself is its own business, pausable or not.
-    messages.apply(conn, rt, {"type": "pause_request", "reason": "disk full"}, T0 + 5)
-    messages.apply(conn, rt, {"type": "pausable", "pausable": False}, T0 + 6)
+    messages.apply(rt, {"type": "pause_request", "reason": "disk full"}, T0 + 5)
+    messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 6)
     assert rt.child.commands == ["resume"] and rt.paused_by == "executor"  # type: ignore[attr-defined]
-    assert tasks.get(conn, rt.task.id).is_paused
+    assert rt.paused_since == T0 + 5

@@ -157,8 +157,12 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK TO undo_on_error")
-        conn.execute("RELEASE undo_on_error")
+        # A full disk or an I/O error can make SQLite roll back the whole transaction on its own:
+        # there is no savepoint left to go back to, and the error to report is the first one.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK TO undo_on_error")
+                conn.execute("RELEASE undo_on_error")
         raise
     conn.execute("RELEASE undo_on_error")
 

@@ -478,6 +478,16 @@ def set_pausable(conn: sqlite3.Connection, task_id: str, pausable: bool) -> bool
     return _update_running(conn, task_id, "is_pausable = ?", (int(pausable),))
 
 
+def record_pause_states(conn: sqlite3.Connection, states: Sequence[tuple[str, bool, bool]]) -> None:
+    """Record (task id, is_paused, is_pausable) of running tasks as the supervisor knows them;
+    tasks no longer running are left alone."""
+    with write(conn):
+        conn.executemany(
+            "UPDATE task SET is_paused = ?, is_pausable = ? WHERE id = ? AND status = 'running'",
+            [(int(paused), int(pausable), task_id) for task_id, paused, pausable in states],
+        )
+
+
 def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> None:
     """Stamp `heartbeat_at` of running tasks whose executors are alive."""
     with write(conn):

@@ -1,0 +1,110 @@
+"""Database faults at runtime (SPEC §13): what a SQLite error means for the loop, and how a
+write fault is ridden out.
+
+Two kinds matter. A *write fault* (the disk is full, an I/O error, the file turned read-only,
+another process holding the write lock past the busy timeout) passes: the loop keeps in memory
+what it still has to record, claims nothing, refuses requests that would write, and retries the
+write at growing intervals until it succeeds. *Corruption* does not pass: the daemon ends its
+attempts and exits. Anything else is not a database fault, and goes where it went before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sqlite3
+
+from daemon.errors import FredicaError
+
+# The first retry comes quickly (a log rotated, a file deleted by hand), then they space out.
+FIRST_RETRY = 0.25
+MAX_RETRY = 5.0
+
+
+class Kind(enum.Enum):
+    FULL = "full"
+    IO = "io"
+    READ_ONLY = "read_only"
+    LOCKED = "locked"
+    CORRUPT = "corrupt"
+
+
+# Refusal texts: what a user is told, for each kind of write fault.
+REFUSALS = {
+    Kind.FULL: "the database's disk is full: nothing was changed",
+    Kind.IO: "the database cannot be written (disk I/O error): nothing was changed",
+    Kind.READ_ONLY: "the database has become read-only: nothing was changed",
+    Kind.LOCKED: "the database is locked by another process: nothing was changed",
+    Kind.CORRUPT: "the database is corrupt: the daemon is stopping; nothing was changed",
+}
+
+_KINDS = (
+    ("SQLITE_FULL", Kind.FULL),
+    ("SQLITE_IOERR", Kind.IO),
+    ("SQLITE_READONLY", Kind.READ_ONLY),
+    ("SQLITE_BUSY", Kind.LOCKED),
+    ("SQLITE_LOCKED", Kind.LOCKED),
+    ("SQLITE_CORRUPT", Kind.CORRUPT),
+    ("SQLITE_NOTADB", Kind.CORRUPT),
+)
+
+
+class DatabaseFault(FredicaError):
+    """The database cannot be written now; nothing was changed."""
+
+
+class DatabaseCorrupt(Exception):
+    """The database was found corrupt at runtime: the daemon must end (SPEC §13)."""
+
+
+def refusal(kind: Kind) -> DatabaseFault:
+    """What a request refused for a fault of this kind is told."""
+    return DatabaseFault(REFUSALS[kind])
+
+
+def classify(exc: BaseException) -> Kind | None:
+    """The kind of database fault `exc` is (None: not one). Extended codes (SQLITE_IOERR_WRITE,
+    SQLITE_CORRUPT_INDEX, ...) count as their primary code."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return None
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    for prefix, kind in _KINDS:
+        if name.startswith(prefix):
+            return kind
+    # Errors raised without a code (older SQLite builds): known by their text.
+    text = str(exc)
+    if "disk is full" in text:
+        return Kind.FULL
+    if "malformed" in text or "not a database" in text:
+        return Kind.CORRUPT
+    return None
+
+
+@dataclasses.dataclass
+class WriteFault:
+    """A write fault being ridden out: since when, and when to try writing again."""
+
+    kind: Kind
+    error: str
+    since: float
+    retry_at: float
+    delay: float = FIRST_RETRY
+    failed_retries: int = 0
+
+    @classmethod
+    def start(cls, kind: Kind, exc: BaseException, now: float) -> "WriteFault":
+        return cls(kind, str(exc), since=now, retry_at=now + FIRST_RETRY)
+
+    def retry_failed(self, kind: Kind, exc: BaseException, now: float) -> None:
+        """The retry failed too: wait twice as long (at most MAX_RETRY) before the next."""
+        self.kind, self.error = kind, str(exc)
+        self.failed_retries += 1
+        self.delay = min(self.delay * 2, MAX_RETRY)
+        self.retry_at = now + self.delay
+
+    def refusal(self) -> DatabaseFault:
+        return refusal(self.kind)
+
+    def summary(self, now: float) -> str:
+        """For systemd's STATUS and `fredica status`."""
+        return f"database fault for {now - self.since:.0f} s ({self.error}): retrying writes, claiming nothing"

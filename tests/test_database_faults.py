@@ -1,0 +1,247 @@
+"""Database faults at runtime (SPEC §13): a full disk is ridden out with nothing lost; corruption
+ends the daemon cleanly.
+
+SQLite's own `PRAGMA max_page_count` makes writes that need a new page fail with SQLITE_FULL,
+deterministically and in every environment; where the tests run as root (CI does), the real
+daemon also meets a real full filesystem (a small tmpfs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from daemon import faults
+from daemon.config import Settings
+from daemon.models import Task, TaskStatus
+from daemon.store import db, tasks
+from daemon.submission import parse_spec
+from daemon.supervisor import Supervisor
+from tests import mounts
+from tests.conftest import wait_for
+from tests.daemon_harness import REPO, Daemon
+
+EXECUTORS = {"GATED": "tests.fault_executors:Gated", "COUNT": "tests.sample_executors:Counter"}
+NO_LIMIT = 1_073_741_823  # SQLite's default max_page_count
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    sup = Supervisor(Settings(
+        database=tmp_path / "fredica.db", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+        executors=EXECUTORS, max_workers=2, cancel_grace=0.3, progress_interval=0.02,
+    ))
+    sup.start()
+    yield sup
+    sup.stop(grace=0, timeout=20)
+
+
+def gated(tmp_path: Path, name: str, size: int = 0) -> dict[str, Any]:
+    return {"type": "GATED", "payload": {"ready_file": str(tmp_path / f"{name}.ready"),
+                                         "gate_file": str(tmp_path / f"{name}.gate"), "size": size}}
+
+
+def stored(database: Path) -> dict[str, Task]:
+    """The task rows as another process sees them (committed only)."""
+    conn = db.connect(database)
+    try:
+        return {t.id: t for t in tasks.list_tasks(conn)}
+    finally:
+        conn.close()
+
+
+def cap_the_database(sup: Supervisor, pages: int) -> None:
+    # The loop's own connection: the cap is per connection. SQLite serialises calls on it, and
+    # the loop does not write while a request runs on another thread (there is none here).
+    sup.conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_database_is_ridden_out_and_what_it_held_is_recorded_once_space_is_back(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    sup = supervisor
+    big, small, waiting = (sup.submit([parse_spec(line)]).tasks[0].id for line in (
+        gated(tmp_path, "big", size=300_000), gated(tmp_path, "small"), gated(tmp_path, "waiting")))
+    wait_for(lambda: (tmp_path / "big.ready").exists() and (tmp_path / "small.ready").exists())
+    if True:  # (the loop's loggers are cached: its events are read from its counters)
+        cap_the_database(sup, 1)  # no new page: recording a 300 KB result needs ~75
+        (tmp_path / "big.gate").touch()
+        fault = wait_for(lambda: sup.fault)
+        assert fault.kind is faults.Kind.FULL
+
+        # Requests that would write are refused with one line, changing nothing.
+        before = stored(sup.settings.database)
+        with pytest.raises(faults.DatabaseFault, match="^the database's disk is full: nothing was changed$"):
+            sup.submit([parse_spec({"type": "GATED", "payload": {}})])
+        with pytest.raises(faults.DatabaseFault):
+            sup.pause(small)
+        # The ended attempt is held in memory; its row says running; the freed slot claims nothing.
+        wait_for(lambda: [rt.task.id for rt in sup.unrecorded] == [big])
+        wait_for(lambda: sup.fault is not None and sup.fault.failed_retries >= 2)  # retried, failed again
+        assert stored(sup.settings.database)[big].status is TaskStatus.RUNNING
+        assert list(sup.running) == [small] and stored(sup.settings.database)[waiting].status is TaskStatus.PENDING
+        assert stored(sup.settings.database) == before
+        progress_in_memory = sup.running[small].last_progress
+
+        cap_the_database(sup, NO_LIMIT)  # space is back
+        wait_for(lambda: sup.fault is None)
+        done = wait_for(lambda: (t := stored(sup.settings.database)[big]).status is TaskStatus.COMPLETED and t)
+    assert len(done.result["blob"]) == 300_000 and done.completed_at <= done.result["finished_at"] + 5
+    assert progress_in_memory is not None and stored(sup.settings.database)[small].progress >= progress_in_memory[0]
+    # The freed slot is used again, and requests are taken again.
+    wait_for(lambda: (tmp_path / "waiting.ready").exists())
+    extra = sup.submit([parse_spec(gated(tmp_path, "extra"))]).tasks[0].id
+    for name in ("small", "waiting", "extra"):
+        (tmp_path / f"{name}.gate").touch()
+    for task_id in (small, waiting, extra):
+        wait_for(lambda: stored(sup.settings.database)[task_id].status is TaskStatus.COMPLETED)
+    # One fault, however many retries failed in it (one log line when it started, one when it ended).
+    assert sup.database_faults == 1
+    assert sup.finished_counts["completed"] >= 1
+
+
+def test_a_request_in_the_tick_that_meets_the_fault_is_refused_and_did_nothing(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """The tick's transaction is rolled back whole: a request that ran in it is told nothing
+    was changed, and indeed nothing was, in the database or in the running attempt."""
+    sup = supervisor
+    counting = sup.submit([parse_spec(gated(tmp_path, "a"))]).tasks[0].id
+    wait_for(lambda: (tmp_path / "a.ready").exists())
+    cap_the_database(sup, 1)
+    # A submission needs new pages: it fails in its own savepoint, and takes its tick down with it
+    # (the next retry, with nothing big to write, then succeeds).
+    with pytest.raises(faults.DatabaseFault, match="disk is full"):
+        sup.submit([parse_spec({"type": "GATED", "payload": {"pad": "y" * 100_000}})])
+    wait_for(lambda: sup.database_faults == 1)  # the refusal may reach us before the loop counts
+    rt = sup.running[counting]
+    assert rt.stop_requested_at is None and rt.paused_since is None
+    cap_the_database(sup, NO_LIMIT)
+    wait_for(lambda: sup.fault is None)
+    (tmp_path / "a.gate").touch()
+    wait_for(lambda: stored(sup.settings.database)[counting].status is TaskStatus.COMPLETED)
+    assert len(stored(sup.settings.database)) == 1  # the refused submission stored nothing
+
+
+def test_a_pause_during_the_fault_is_refused_and_one_before_it_is_kept(supervisor: Supervisor, tmp_path: Path) -> None:
+    """What the executor did while the database could not be written reaches the row afterwards:
+    its pause state, its progress."""
+    sup = supervisor
+    task_id = sup.submit([parse_spec(gated(tmp_path, "p"))]).tasks[0].id
+    wait_for(lambda: (tmp_path / "p.ready").exists())
+    sup.pause(task_id)
+    assert stored(sup.settings.database)[task_id].is_paused
+    cap_the_database(sup, 1)
+    with pytest.raises(faults.DatabaseFault):
+        sup.submit([parse_spec({"type": "GATED", "payload": {"pad": "z" * 100_000}})])
+    with pytest.raises(faults.DatabaseFault):
+        sup.resume(task_id)
+    assert sup.running[task_id].paused_since is not None  # the refused resume did nothing
+    cap_the_database(sup, NO_LIMIT)
+    wait_for(lambda: sup.fault is None)
+    sup.resume(task_id)
+    (tmp_path / "p.gate").touch()
+    done = wait_for(lambda: (t := stored(sup.settings.database)[task_id]).status is TaskStatus.COMPLETED and t)
+    assert not done.is_paused
+
+
+# --- the real daemon ----------------------------------------------------------------------------
+
+
+def cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "daemon", "--config", str(d.config), *args],
+                          capture_output=True, text=True, timeout=60, env=d.env(), cwd=REPO)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB filesystem of its own."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    mounts.mount_tmpfs(mountpoint, "16m")
+    try:
+        yield mountpoint
+    finally:
+        mounts.unmount(mountpoint)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full; the file, to delete when space must come back."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_the_real_daemon_on_a_full_filesystem_refuses_writes_answers_reads_and_recovers(
+    daemons, small_filesystem: Path, tmp_path: Path
+) -> None:
+    d = daemons(database=small_filesystem / "fredica.db", max_workers=1)
+    d.start()
+    running = d.submit("HANG", payload={"ready_file": str(tmp_path / "hang.ready")})
+    wait_for(lambda: (tmp_path / "hang.ready").exists())
+    queued = [d.submit("ECHO", payload={"i": i}) for i in range(5)]
+    filler = fill(small_filesystem)
+
+    big = tmp_path / "big.jsonl"  # needs far more than the WAL has room for
+    big.write_text(json.dumps({"type": "ECHO", "payload": {"blob": "b" * 600_000}}) + "\n")
+    refused = cli(d, "submit", "--batch", str(big))
+    assert refused.returncode == 1, refused
+    assert refused.stderr.strip() == "error: the database's disk is full: nothing was changed"
+    status = cli(d, "status", "--json")  # reads still answer
+    assert status.returncode == 0, status
+    assert d.process is not None and d.process.poll() is None
+    assert psutil.pid_exists(int((tmp_path / "hang.ready").read_text()))  # running tasks run on
+
+    filler.unlink()
+    accepted = wait_for(lambda: (r := cli(d, "submit", "--batch", str(big))).returncode == 0 and r, timeout=30)
+    new_id = accepted.stdout.strip()
+    cli(d, "cancel", running)
+    for task_id in [*queued, new_id]:
+        d.wait_task(task_id, "completed", timeout=30)
+    d.wait_task(running, "cancelled", timeout=30)
+    events = [e["event"] for e in d.log_events()]
+    assert events.count("database_fault") >= 1 and events.count("database_fault_ended") >= 1
+
+
+def test_corruption_met_at_runtime_ends_the_daemon_and_its_attempts(daemons, tmp_path: Path) -> None:
+    d = daemons(cancel_grace=2.0)
+    d.start()
+    gate = d.submit("HANG", payload={"ready_file": str(tmp_path / "hang.ready")})
+    pid = int(wait_for(lambda: (tmp_path / "hang.ready").exists() and (tmp_path / "hang.ready").read_text()))
+    lines = [json.dumps({"type": "ECHO", "payload": {"i": i, "pad": "p" * 300}, "depends_on": [gate]})
+             for i in range(300)]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    assert cli(d, "submit", "--batch", str(batch)).returncode == 0
+
+    # Every page in the main file, then all but the schema page overwritten; a write from another
+    # connection (a table of its own, on the schema page and a new one) makes the daemon's
+    # connection drop its cache and read the damaged pages again.
+    other = sqlite3.connect(d.database, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = d.database.stat().st_size
+    with open(d.database, "r+b") as f:
+        f.seek(4096)
+        f.write(os.urandom(size - 4096))
+    other.execute("CREATE TABLE trigger_reload (x)")
+    other.close()
+
+    assert d.process is not None
+    assert d.process.wait(30) == 1
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    events = [e for e in d.log_events() if e["event"] == "database_corrupt"]
+    assert len(events) == 1, d.output.read_text()
