@@ -19,10 +19,10 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from daemon import faults
+from daemon import faults, recovery
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
-from daemon.store import db, tasks
+from daemon.store import db, restarts, tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
 from tests import mounts
@@ -245,3 +245,28 @@ def test_corruption_met_at_runtime_ends_the_daemon_and_its_attempts(daemons, tmp
     wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     events = [e for e in d.log_events() if e["event"] == "database_corrupt"]
     assert len(events) == 1, d.output.read_text()
+
+
+def test_a_shutdown_during_the_fault_ends_and_recovery_records_what_was_held(tmp_path: Path) -> None:
+    """No exit path waits for the database for ever: what could not be recorded before the
+    shutdown's end is found by the next start's recovery, interrupted, with a restart-log entry."""
+    settings = Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock",
+                        log_dir=tmp_path / "logs", executors=EXECUTORS, max_workers=1, cancel_grace=0.3)
+    sup = Supervisor(settings)
+    sup.start()
+    task_id = sup.submit([parse_spec(gated(tmp_path, "held", size=300_000))]).tasks[0].id
+    wait_for(lambda: (tmp_path / "held.ready").exists())
+    cap_the_database(sup, 1)
+    (tmp_path / "held.gate").touch()
+    wait_for(lambda: [rt.task.id for rt in sup.unrecorded] == [task_id])
+    sup.stop(grace=0, timeout=20)
+    assert sup._handoff.finished.is_set() and sup.exit_status == 0
+    assert stored(settings.database)[task_id].status is TaskStatus.RUNNING
+
+    conn = db.open_database(settings.database)
+    try:
+        report = recovery.recover(conn, now=1e10, kill_grace=0.1)
+        assert [t.id for t in report.interrupted_tasks] == [task_id]
+        assert [e.task_id for e in restarts.list_entries(conn)] == [task_id]
+    finally:
+        conn.close()
