@@ -6,7 +6,8 @@
 
 Builds a database with N non-terminal tasks (a few running and claimed, as a crash leaves them,
 the rest pending, in runs of --runs-of tasks), then in a fresh subprocess each time:
-- times `recovery.recover` on it (median of 3, on fresh copies of the database);
+- times `PRAGMA quick_check` alone, `db.open_database` (which runs it, issue 12) and then
+  `recovery.recover` on it (median of 3, on fresh copies of the database);
 - starts a `Supervisor` on it, recovers and ticks once, and reports its resident set size. The
   pending tasks depend on a task that was running (recovery fails it as INTERRUPTED, which
   cancels them all in the same transaction: the heaviest recovery there is), so nothing runs.
@@ -60,13 +61,21 @@ from pathlib import Path
 import psutil
 mode, database = sys.argv[2], Path(sys.argv[3])
 if mode == "recover":
+    import sqlite3
     from daemon import recovery
     from daemon.store import db
-    conn = db.open_database(database)
+    check = sqlite3.connect(database)
+    started = time.perf_counter()
+    check.execute("PRAGMA quick_check(3)").fetchall()
+    quick_check = time.perf_counter() - started
+    check.close()
+    started = time.perf_counter()
+    conn = db.open_database(database)  # its checks (quick_check, a write probe) and migrations
+    opened = time.perf_counter() - started
     started = time.perf_counter()
     report = recovery.recover(conn, now=time.time(), kill_grace=0.1)
-    print(json.dumps({"seconds": time.perf_counter() - started, "interrupted": report.interrupted,
-                      "runs": report.runs_reconciled}))
+    print(json.dumps({"seconds": time.perf_counter() - started, "open": opened, "quick_check": quick_check,
+                      "interrupted": report.interrupted, "runs": report.runs_reconciled}))
 else:
     from daemon import recovery
     from daemon.config import Settings
@@ -119,6 +128,9 @@ def main() -> int:
         each = ", ".join(f"{r['seconds']:.3f}" for r in results)
         print(f"recovery: median {seconds:.3f} s (each: {each}); "
               f"interrupted {results[0]['interrupted']}, runs reconciled {results[0]['runs']}")
+        print(f"quick_check alone (a cold process): median {statistics.median(r['quick_check'] for r in results):.3f} s; "
+              f"open_database with its checks after it: median {statistics.median(r['open'] for r in results):.3f} s; "
+              f"open + recovery: median {statistics.median(r['open'] + r['seconds'] for r in results):.3f} s")
         print(f"supervisor RSS after recovery and one tick: median {statistics.median(r['rss_mb'] for r in rss):.1f} MB "
               f"(peak {max(r['maxrss_mb'] for r in rss):.1f} MB)")
     finally:

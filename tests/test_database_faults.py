@@ -207,12 +207,12 @@ def test_the_real_daemon_on_a_full_filesystem_refuses_writes_answers_reads_and_r
     assert psutil.pid_exists(int((tmp_path / "hang.ready").read_text()))  # running tasks run on
 
     filler.unlink()
-    accepted = wait_for(lambda: (r := cli(d, "submit", "--batch", str(big))).returncode == 0 and r, timeout=30)
+    accepted = wait_for(lambda: (r := cli(d, "submit", "--batch", str(big))).returncode == 0 and r, timeout=60)
     new_id = accepted.stdout.strip()
     cli(d, "cancel", running)
     for task_id in [*queued, new_id]:
-        d.wait_task(task_id, "completed", timeout=30)
-    d.wait_task(running, "cancelled", timeout=30)
+        d.wait_task(task_id, "completed", timeout=60)
+    d.wait_task(running, "cancelled", timeout=60)
     events = [e["event"] for e in d.log_events()]
     assert events.count("database_fault") >= 1 and events.count("database_fault_ended") >= 1
 
