@@ -231,6 +231,9 @@ class ControlServer:
                 if self._closing.is_set() and grace_ends is None:
                     grace_ends = time.monotonic() + CLOSE_GRACE
                     self._stop_accepting()
+                    if self._sock is not None:  # new clients are refused now, not left in the backlog
+                        self._sock.close()
+                        self._sock = None
                     for conn in [c for c in self.connections if c.deadline is not None and c.reply is None]:
                         self._drop(conn)  # still reading: nothing of theirs has been acted on
                 if grace_ends is not None and (not self.connections or time.monotonic() >= grace_ends):
