@@ -14,7 +14,7 @@ import sqlite3
 import threading
 from typing import Any, Callable
 
-from daemon import protocol, recovery
+from daemon import faults, protocol, recovery
 from daemon.errors import FredicaError, UnknownTask
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
@@ -40,7 +40,15 @@ class Handlers:
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         check_arguments(op, args)
-        return getattr(self, f"op_{op}")(**args)
+        try:
+            return getattr(self, f"op_{op}")(**args)
+        except sqlite3.DatabaseError as exc:
+            if faults.classify(exc) is not faults.Kind.CORRUPT:
+                raise
+            # A reader met it first: the daemon must not go on answering while tasks run on a
+            # database it can no longer trust (SPEC §13).
+            self.sup.report_corruption(exc)
+            raise faults.refusal(faults.Kind.CORRUPT) from None
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -55,6 +63,9 @@ class Handlers:
             "database": str(self.settings.database),
             "socket": str(self.settings.socket),
             "log_dir": str(self.settings.log_dir),
+            # While the database cannot be written: what the fault is (None: none).
+            "database_fault": None if (fault := sup.fault) is None else fault.summary(sup.clock()),
+            "database_faults": sup.database_faults,
         }
 
     def op_ls(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,

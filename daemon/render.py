@@ -192,6 +192,8 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
     ]
     if status.get("recovering"):
         facts.append(("state", "recovering (not claiming yet)"))
+    if status.get("database_fault"):
+        facts.append(("state", str(status["database_fault"])))
     for key in ("version", "database", "socket", "log_dir"):
         if status.get(key) is not None:
             facts.append((key.replace("_", " "), str(status[key])))

@@ -201,8 +201,9 @@ def test_the_real_daemon_on_a_full_filesystem_refuses_writes_answers_reads_and_r
     refused = cli(d, "submit", "--batch", str(big))
     assert refused.returncode == 1, refused
     assert refused.stderr.strip() == "error: the database's disk is full: nothing was changed"
-    status = cli(d, "status", "--json")  # reads still answer
+    status = cli(d, "status", "--json")  # reads still answer, and say what is wrong
     assert status.returncode == 0, status
+    assert json.loads(status.stdout)["database_faults"] >= 1
     assert d.process is not None and d.process.poll() is None
     assert psutil.pid_exists(int((tmp_path / "hang.ready").read_text()))  # running tasks run on
 
@@ -270,3 +271,25 @@ def test_a_shutdown_during_the_fault_ends_and_recovery_records_what_was_held(tmp
         assert [e.task_id for e in restarts.list_entries(conn)] == [task_id]
     finally:
         conn.close()
+
+
+def test_corruption_a_reader_meets_first_ends_the_daemon_too(daemons, tmp_path: Path) -> None:
+    """`ls` reads on a connection of its own: the loop may never touch the damaged pages, but the
+    daemon must not go on answering from a database it cannot trust."""
+    d = daemons(cancel_grace=2.0)
+    d.start()
+    ids = [d.submit("ECHO", payload={"i": i, "pad": "p" * 300}) for i in range(300)]
+    for task_id in (ids[0], ids[-1]):
+        d.wait_task(task_id, "completed", timeout=60)
+    wait_for(lambda: d.data("status")["busy_workers"] == 0)
+    other = sqlite3.connect(d.database, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = d.database.stat().st_size
+    with open(d.database, "r+b") as f:
+        f.seek(4096)
+        f.write(os.urandom(size - 4096))
+    other.execute("CREATE TABLE trigger_reload (x)")
+    other.close()
+    reply = d.request("ls")
+    assert not reply["ok"] and "corrupt" in reply["error"]["message"], reply
+    assert d.process is not None and d.process.wait(30) == 1
