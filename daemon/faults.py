@@ -19,6 +19,8 @@ from daemon.errors import FredicaError
 # The first retry comes quickly (a log rotated, a file deleted by hand), then they space out.
 FIRST_RETRY = 0.25
 MAX_RETRY = 5.0
+# How long a retry waits for another process's write lock (the normal busy timeout is 10 s).
+RETRY_BUSY_TIMEOUT = 0.1
 
 
 class Kind(enum.Enum):
@@ -42,8 +44,7 @@ _KINDS = (
     ("SQLITE_FULL", Kind.FULL),
     ("SQLITE_IOERR", Kind.IO),
     ("SQLITE_READONLY", Kind.READ_ONLY),
-    ("SQLITE_BUSY", Kind.LOCKED),
-    ("SQLITE_LOCKED", Kind.LOCKED),
+    ("SQLITE_BUSY", Kind.LOCKED),  # another process holds the write lock (SQLITE_LOCKED: a bug of ours)
     ("SQLITE_CORRUPT", Kind.CORRUPT),
     ("SQLITE_NOTADB", Kind.CORRUPT),
 )
@@ -71,6 +72,8 @@ def classify(exc: BaseException) -> Kind | None:
     for prefix, kind in _KINDS:
         if name.startswith(prefix):
             return kind
+    if name:
+        return None
     # Errors raised without a code (older SQLite builds): known by their text.
     text = str(exc)
     if "disk is full" in text:

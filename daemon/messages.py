@@ -80,6 +80,11 @@ def pause_by_user(
 
     def command() -> None:
         if paused:
+            if not rt.pausable or rt.stop_requested_at is not None or rt.finishing():
+                # Said it is not pausable, was stopped or ended in the tick of the request:
+                # the pause is not taken, and the row's is_paused is written back from memory.
+                rt.mirror_dirty = True
+                return
             rt.child.pause()
             rt.note_paused(now, "user")
             rt.log.info("task_paused", by="user")

@@ -99,6 +99,7 @@ class Supervisor:
         # `unrecorded`) and attempts it dispatched (their processes back to the pool).
         self._finished: list[RunningTask] = []
         self._dispatched: list[RunningTask] = []
+        self._stops: list[tuple[RunningTask, str | None, float | None]] = []  # (attempt, as it was)
         self.exit_status = 0  # 1 once corruption ended the loop
         self.database_faults = 0  # write faults ridden out since start, each counted once
         self._corruption: BaseException | None = None
@@ -219,11 +220,14 @@ class Supervisor:
             refusal = self.fault.refusal() if self.fault is not None else handoff.ShuttingDown("the daemon is stopping")
             self._handoff.refuse_pending(refusal)
             return
+        answers: list[handoff.Answer] = []
         try:
             with db.write(self.conn):
                 answers = self._handoff.run_calls(self.conn)
         except sqlite3.Error as exc:
-            self._handoff.refuse_pending(faults.DatabaseFault(f"the database could not be written: {exc}"))
+            refusal = faults.DatabaseFault(f"the database could not be written: {exc}")
+            self._handoff.refuse(answers, refusal)
+            self._handoff.refuse_pending(refusal)
             return
         self._handoff.answer(answers)
 
@@ -252,7 +256,10 @@ class Supervisor:
         if self.fault is not None and (self.clock() if now is None else now) < self.fault.retry_at:
             return self._tick_without_writes(self.clock() if now is None else now)
         answers: list[handoff.Answer] = []
-        self._finished, self._dispatched = [], []
+        self._finished, self._dispatched, self._stops = [], [], []
+        if self.conn.in_transaction:  # a ROLLBACK that failed: never build on a dead transaction
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
         try:
             with db.write(self.conn):
                 # Requests first, then the clock: a task submitted by a request is stamped before
@@ -273,6 +280,7 @@ class Supervisor:
             log.warning("database_fault_ended", seconds=round(now - self.fault.since, 3),
                         retries=self.fault.failed_retries + 1)
             self.fault = None
+            self.conn.execute(f"PRAGMA busy_timeout = {int(db.BUSY_TIMEOUT * 1000)}")
         self._flush_outbox()
         return timeout
 
@@ -293,9 +301,14 @@ class Supervisor:
         # Attempts that ended stay ended (their processes are released): only the records are
         # lost, and made again once the database takes writes.
         self.unrecorded += [rt for rt in self._finished if rt not in self.unrecorded]
-        for rt in self.running.values():
+        for rt in [*self.running.values(), *self.unrecorded]:
             rt.mirror_lost()
-        self._finished, self._dispatched = [], []
+        for rt, reason, requested_at in reversed(self._stops):  # users' cancels, refused
+            rt.stop_reason, rt.stop_requested_at = reason, requested_at
+        self._finished, self._dispatched, self._stops = [], [], []
+        # What the rolled-back reads let the loop conclude may be untrue: look again.
+        self._delayed_possible = True
+        self._next_heartbeat = 0.0
 
     def _on_database_fault(self, kind: faults.Kind, exc: BaseException, now: float) -> float:
         if kind is faults.Kind.CORRUPT:
@@ -304,6 +317,9 @@ class Supervisor:
         if self.fault is None:
             self.fault = faults.WriteFault.start(kind, exc, now)
             self.database_faults += 1
+            # A retry must not hold the loop for the whole busy timeout while another process
+            # keeps the write lock: tasks still need watching between retries.
+            self.conn.execute(f"PRAGMA busy_timeout = {int(faults.RETRY_BUSY_TIMEOUT * 1000)}")
             log.error("database_fault", kind=kind.value, error=str(exc), running=len(self.running))
         else:
             self.fault.retry_failed(kind, exc, now)
@@ -339,8 +355,10 @@ class Supervisor:
         assert self.fault is not None
         deadlines = [self.fault.retry_at]
         for rt in self.running.values():
-            deadlines += rt.deadlines(now, self.settings.progress_interval, self.settings.cancel_grace)
-        if self._shutdown_deadline is not None:
+            # Not progress: it is written only by a write that succeeds (the retry).
+            rt_deadlines = rt.deadlines(now, self.settings.progress_interval, self.settings.cancel_grace)
+            deadlines += rt_deadlines[1:] if rt.progress is not None else rt_deadlines
+        if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         return max(0.0, min(deadlines) - now)
 
@@ -368,8 +386,8 @@ class Supervisor:
     def _tick(self, now: float) -> float:
         if self.unrecorded:  # ended while the database could not be written
             ended, self.unrecorded = self.unrecorded, []
+            self._finished += ended  # all of them back to `unrecorded` if this tick is rolled back
             for rt in ended:
-                self._finished.append(rt)
                 self._record(rt)
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
@@ -464,7 +482,7 @@ class Supervisor:
                 self._delayed_possible = False
         for rt in self.running.values():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
-        if self._shutdown_deadline is not None:
+        if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()
         if ping_at is not None:
@@ -619,12 +637,16 @@ class Supervisor:
             with db.savepoint(self.conn):  # its statements are undone together if one fails
                 self._write_mirrors(rt.ended_at, only=rt)
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
+        except InvalidTransition:
+            # The row is no longer `running` (a bug of ours let something else change it):
+            # retrying would fail for ever; what the row says now stands.
+            rt.log.exception("outcome_not_recorded", retried=False)
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
             # A bug of ours: tried again next tick rather than leave the row `running` with no
             # attempt behind it.
-            rt.log.exception("outcome_not_recorded")
+            rt.log.exception("outcome_not_recorded", retried=True)
             self.unrecorded.append(rt)
 
     def _count_finished(self, status: str) -> None:
@@ -657,6 +679,9 @@ class Supervisor:
             return CancelReport(outcome.cancelled, tuple(stopping))
         if self._request_stop(task.id, "cancel", now, requested=True):
             return CancelReport((), (task.id,))
+        if any(rt.task.id == task.id for rt in self.unrecorded):
+            raise InvalidTransition(task.id, task.status.value, "cancelled",
+                                    f"task {task.id} has just ended: its outcome is being recorded")
         tasks.cancel(self.conn, task.id, now=now)
         log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user")
         return CancelReport((task.id,), ())
@@ -670,26 +695,27 @@ class Supervisor:
         rt = self.running.get(task_id)
         if rt is None:
             return False
-        if requested:
-            self._outbox.append(functools.partial(self._stop_if_running, rt, reason, now))
-        else:
-            self._stop(rt, reason, now)
-        return True
-
-    def _stop_if_running(self, rt: RunningTask, reason: str, now: float) -> None:
-        if self.running.get(rt.task.id) is rt:  # not ended meanwhile, in the tick of the request
-            self._stop(rt, reason, now)
-
-    @staticmethod
-    def _stop(rt: RunningTask, reason: str, now: float) -> None:
         if rt.stop_requested_at is not None:
-            return
+            return True
+        if requested:
+            # Decided now, so that an attempt ending in this same tick is recorded as stopped;
+            # undone if the tick is rolled back, and the process told only once it is committed.
+            self._stops.append((rt, rt.stop_reason, rt.stop_requested_at))
         # An attempt that has reported its result (or whose process has exited) ended as it
         # said, whatever comes now: its process is still stopped if it lingers, but the stop
         # does not relabel that outcome (a failure as CANCELLED, or put back at shutdown).
         if not rt.finishing():
             rt.stop_reason = reason
         rt.stop_requested_at = now
+        if requested:
+            self._outbox.append(functools.partial(self._tell_to_stop, rt, reason, now))
+        else:
+            self._tell_to_stop(rt, reason, now)
+        return True
+
+    def _tell_to_stop(self, rt: RunningTask, reason: str, now: float) -> None:
+        if self.running.get(rt.task.id) is not rt:
+            return  # ended meanwhile, in the tick of the request: nothing left to stop
         # Sets the resume Event too, so a paused executor wakes up to see the cancel.
         rt.child.request_cancel(reason)
         rt.note_resumed(now)

@@ -293,3 +293,113 @@ def test_corruption_a_reader_meets_first_ends_the_daemon_too(daemons, tmp_path: 
     reply = d.request("ls")
     assert not reply["ok"] and "corrupt" in reply["error"]["message"], reply
     assert d.process is not None and d.process.wait(30) == 1
+
+
+# --- found in review: a COMMIT that fails, several held attempts, a stepped loop ----------------
+
+
+class FailingCommit:
+    """The loop's connection, whose COMMIT fails (as a full disk makes it fail in WAL mode) while
+    `failures` is above 0; only for a transaction that promoted a delayed retry, if `on_promote`."""
+
+    def __init__(self, conn: sqlite3.Connection, *, on_promote: bool = False) -> None:
+        self._conn, self.failures, self.on_promote, self._promoted = conn, 0, on_promote, False
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and self.failures > 0 and (self._promoted or not self.on_promote):
+            self.failures -= 1
+            self._promoted = False
+            raise sqlite3.OperationalError("database or disk is full")
+        cursor = self._conn.execute(sql, *args)
+        if "SET not_before = 0" in sql and cursor.rowcount > 0:
+            self._promoted = True
+        elif sql in ("COMMIT", "ROLLBACK"):
+            self._promoted = False
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def stepped(tmp_path: Path, **options: Any) -> Supervisor:
+    """A supervisor whose loop the test steps with tick() (no thread of its own)."""
+    return Supervisor(Settings(
+        database=tmp_path / "fredica.db", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+        executors={**EXECUTORS, "RAISE": "tests.sample_executors:Raising"}, cancel_grace=0.3,
+        progress_interval=0.02, **options,
+    ))
+
+
+def tick_until(sup: Supervisor, condition: Any, timeout: float = 20) -> Any:
+    def step() -> Any:
+        sup.tick()
+        return condition()
+    return wait_for(step, timeout)
+
+
+def test_every_held_attempt_survives_a_retry_that_fails(supervisor: Supervisor, tmp_path: Path) -> None:
+    sup = supervisor
+    ids = [sup.submit([parse_spec(gated(tmp_path, name, size=200_000))]).tasks[0].id for name in ("a", "b")]
+    wait_for(lambda: (tmp_path / "a.ready").exists() and (tmp_path / "b.ready").exists())
+    cap_the_database(sup, 1)
+    (tmp_path / "a.gate").touch()
+    (tmp_path / "b.gate").touch()
+    wait_for(lambda: sorted(rt.task.id for rt in sup.unrecorded) == sorted(ids))
+    failed = sup.fault.failed_retries if sup.fault else 0
+    wait_for(lambda: sup.fault is not None and sup.fault.failed_retries >= failed + 2)
+    assert sorted(rt.task.id for rt in sup.unrecorded) == sorted(ids)
+    cap_the_database(sup, NO_LIMIT)
+    for task_id in ids:
+        wait_for(lambda: stored(sup.settings.database)[task_id].status is TaskStatus.COMPLETED)
+
+
+def test_a_retry_whose_promotion_was_rolled_back_is_still_claimed(tmp_path: Path) -> None:
+    sup = stepped(tmp_path, backoff_base=0.05, max_workers=2)
+    sup.conn = FailingCommit(sup.conn, on_promote=True)  # type: ignore[assignment]
+    task_id = sup.submit([parse_spec({"type": "RAISE", "max_retries": 1})]).tasks[0].id
+    try:
+        tick_until(sup, lambda: stored(sup.settings.database)[task_id].retry_count == 1)
+        sup.conn.failures = 1  # type: ignore[attr-defined]
+        tick_until(sup, lambda: sup.conn.failures == 0)  # type: ignore[attr-defined]
+        ended = tick_until(sup, lambda: (t := stored(sup.settings.database)[task_id]).status.is_terminal and t)
+        assert ended.status is TaskStatus.FAILED and ended.retry_count == 1
+    finally:
+        sup.idle.dismiss_all()
+
+
+def test_the_loop_sleeps_while_the_database_cannot_be_written(tmp_path: Path) -> None:
+    """Progress that cannot be written is no reason to wake: the loop waits for the retry."""
+    sup = stepped(tmp_path, max_workers=2)
+    task_id, chatty = (sup.submit([parse_spec(gated(tmp_path, name, size=size))]).tasks[0].id
+                       for name, size in (("s", 200_000), ("c", 0)))
+    try:
+        tick_until(sup, lambda: (tmp_path / "s.ready").exists() and (tmp_path / "c.ready").exists())
+        cap_the_database(sup, 1)
+        (tmp_path / "s.gate").touch()
+        tick_until(sup, lambda: sup.unrecorded and sup.fault is not None)
+        tick_until(sup, lambda: sup.running[chatty].progress is not None)  # progress waits to be written
+        now = sup.clock()
+        assert sup.tick(now) == pytest.approx(sup.fault.retry_at - now)
+        cap_the_database(sup, NO_LIMIT)
+        tick_until(sup, lambda: stored(sup.settings.database)[task_id].status is TaskStatus.COMPLETED)
+        (tmp_path / "c.gate").touch()
+        tick_until(sup, lambda: stored(sup.settings.database)[chatty].status is TaskStatus.COMPLETED)
+    finally:
+        sup.idle.dismiss_all()
+
+
+def test_a_cancel_taken_in_the_tick_its_attempt_ends_is_recorded_as_a_cancel(tmp_path: Path) -> None:
+    sup = stepped(tmp_path, max_workers=1)
+    task_id = sup.submit([parse_spec({"type": "RAISE", "max_retries": 3})]).tasks[0].id
+    try:
+        tick_until(sup, lambda: task_id in sup.running)
+        rt = sup.running[task_id]
+        pid = rt.task.executor_pid
+        assert pid is not None  # the attempt's process: it exits once it has sent its failure
+        wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        report = sup.cancel(task_id)  # no loop thread: taken at once, before the tick that ends it
+        assert report.stopping == (task_id,)
+        ended = tick_until(sup, lambda: (t := stored(sup.settings.database)[task_id]).status.is_terminal and t)
+        assert ended.status is TaskStatus.CANCELLED and ended.retry_count == 0
+    finally:
+        sup.idle.dismiss_all()

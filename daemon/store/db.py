@@ -24,13 +24,14 @@ from daemon.errors import FredicaError
 from daemon.store import migrations
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
+BUSY_TIMEOUT = 10.0  # seconds a write waits for another process's lock
 
 
 class DatabaseUnusable(FredicaError):
     """The database cannot be used as it is; nothing was changed."""
 
 
-def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = 10.0) -> sqlite3.Connection:
+def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     """A connection with the pragmas every fredica-worker connection needs, schema untouched."""
     level = synchronous.upper()
     if level not in SYNCHRONOUS_LEVELS:
@@ -68,7 +69,7 @@ def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
 
 
 def open_database(
-    path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = 10.0
+    path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT
 ) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path`, check that it is whole and writable, and
     bring its schema up to date. DatabaseUnusable, with nothing changed, when it is not (SPEC §13)."""
