@@ -218,6 +218,20 @@ def test_the_real_daemon_on_a_full_filesystem_refuses_writes_answers_reads_and_r
     assert events.count("database_fault") >= 1 and events.count("database_fault_ended") >= 1
 
 
+def corrupt_under(database: Path) -> None:
+    """Corrupt a database a daemon has open: every page into the main file, then all but the
+    schema page overwritten; a write from another connection (a table of its own, on the schema
+    page and a new one) makes the daemon's connection drop its cache and read the damage."""
+    other = sqlite3.connect(database, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = database.stat().st_size
+    with open(database, "r+b") as f:
+        f.seek(4096)
+        f.write(os.urandom(size - 4096))
+    other.execute("CREATE TABLE trigger_reload (x)")
+    other.close()
+
+
 def test_corruption_met_at_runtime_ends_the_daemon_and_its_attempts(daemons, tmp_path: Path) -> None:
     d = daemons(cancel_grace=2.0)
     d.start()
@@ -229,17 +243,7 @@ def test_corruption_met_at_runtime_ends_the_daemon_and_its_attempts(daemons, tmp
     batch.write_text("\n".join(lines) + "\n")
     assert cli(d, "submit", "--batch", str(batch)).returncode == 0
 
-    # Every page in the main file, then all but the schema page overwritten; a write from another
-    # connection (a table of its own, on the schema page and a new one) makes the daemon's
-    # connection drop its cache and read the damaged pages again.
-    other = sqlite3.connect(d.database, isolation_level=None)
-    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = d.database.stat().st_size
-    with open(d.database, "r+b") as f:
-        f.seek(4096)
-        f.write(os.urandom(size - 4096))
-    other.execute("CREATE TABLE trigger_reload (x)")
-    other.close()
+    corrupt_under(d.database)
 
     assert d.process is not None
     assert d.process.wait(30) == 1
@@ -282,14 +286,7 @@ def test_corruption_a_reader_meets_first_ends_the_daemon_too(daemons, tmp_path: 
     for task_id in (ids[0], ids[-1]):
         d.wait_task(task_id, "completed", timeout=60)
     wait_for(lambda: d.data("status")["busy_workers"] == 0)
-    other = sqlite3.connect(d.database, isolation_level=None)
-    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = d.database.stat().st_size
-    with open(d.database, "r+b") as f:
-        f.seek(4096)
-        f.write(os.urandom(size - 4096))
-    other.execute("CREATE TABLE trigger_reload (x)")
-    other.close()
+    corrupt_under(d.database)
     reply = d.request("ls")
     assert not reply["ok"] and "corrupt" in reply["error"]["message"], reply
     assert d.process is not None and d.process.wait(30) == 1
