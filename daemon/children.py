@@ -31,7 +31,7 @@ import psutil
 import structlog
 
 from daemon import paths, pipes, processes
-from executors import channel, endpoint, steering
+from executors import assignment, channel, endpoint, steering
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -144,7 +144,7 @@ class ExecutorProcess:
         *,
         last: bool,
         process: tuple[int, float | None] | None = None,
-        limits: endpoint.Limits = endpoint.Limits(),
+        limits: assignment.Limits = assignment.Limits(),
     ) -> "ExecutorProcess":
         """Send the process its next attempt; OSError if it has died or was given its last one.
 
@@ -161,7 +161,7 @@ class ExecutorProcess:
         self.awaiting_report = self.fork_each
         self.attempts += 1
         self.status.max_message = channel.frame_limit(limits.result_bytes)
-        message = (task, executor_ref, dict(upstream), str(log_path), last, self.attempt_token, limits)
+        message = assignment.Assignment(task, executor_ref, dict(upstream), str(log_path), self.attempt_token, last, limits)
         try:
             pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:
@@ -444,7 +444,7 @@ def spawn(
     log_path: Path,
     *,
     context: ExecutorContext,
-    limits: endpoint.Limits = endpoint.Limits(),
+    limits: assignment.Limits = assignment.Limits(),
 ) -> ExecutorProcess:
     """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
     return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True, limits=limits)

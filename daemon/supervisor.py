@@ -32,7 +32,7 @@ from daemon.running import RunningTask
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
 from daemon.submission import TaskSpec
-from executors import endpoint
+from executors import assignment
 from executors.registry import Registry
 
 log = structlog.get_logger("fredica.supervisor")
@@ -537,7 +537,7 @@ class Supervisor:
             child.assign(
                 attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
                 process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
-                limits=endpoint.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
+                limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
             )
         except Exception as exc:
             # Died just now, or the task could not be sent: end the process, so that the loop

@@ -19,10 +19,11 @@ import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import registry
+from executors.assignment import Assignment, Limits
 from executors._parent import (
     LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
     end_orphaned_attempt, watch_daemon,
@@ -36,13 +37,6 @@ if TYPE_CHECKING:
     from daemon.models import Task
 
 MAX_ERROR = 10_000
-
-
-class Limits(NamedTuple):
-    """What one attempt may leave (SPEC §13): its result, as JSON, and its log, on disk."""
-
-    result_bytes: int = 1024 * 1024
-    log_bytes: int = 64 * 1024 * 1024
 
 
 # --- the subprocess -------------------------------------------------------------------------------
@@ -97,14 +91,13 @@ def serve(
     steering = ControlReader(control.fileno())
     while True:
         try:
-            task, executor_ref, upstream, log_path, last, attempt, limits = assignments.recv()
+            assignment: Assignment = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
         state.take()
-        exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
-                                 output, state, end_leftovers_first=False)
-        if last or exit_code:
+        exit_code = _run_attempt(assignment, status, steering, output, state, end_leftovers_first=False)
+        if assignment.last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
 
@@ -246,9 +239,7 @@ def _run_assigned_attempt(
         os._exit(0)  # dismissed, or the supervisor is gone, before a task came
     state.take()
     assignments.close()
-    task, executor_ref, upstream, log_path, _last, attempt, limits = pickle.loads(data)
-    exit_code = _run_attempt(task, executor_ref, upstream, log_path, limits, status, steering.steer(attempt),
-                             output, state, end_leftovers_first=True)
+    exit_code = _run_attempt(pickle.loads(data), status, steering, output, state, end_leftovers_first=True)
     _shut_down(status, output, exit_code)
 
 
@@ -257,7 +248,7 @@ def _rehearsal_assignment() -> bytes:
     fields = {field.name: None for field in dataclasses.fields(models.Task)}
     fields.update(id="rehearsal", type="REHEARSAL", status=models.TaskStatus.RUNNING, depends_on=(),
                   payload={}, retry_count=0, max_retries=0, is_paused=False, is_pausable=False)
-    assignment = (models.Task(**fields), "module:Class", {}, "", False, "rehearsal#0", Limits())
+    assignment = Assignment(models.Task(**fields), "module:Class", {}, "", "rehearsal#0")
     return pickle.dumps(assignment, pickle.HIGHEST_PROTOCOL)
 
 
@@ -265,11 +256,12 @@ def _rehearse(assignment: bytes, steering: ControlReader) -> None:
     """Go through an attempt's steps on a stand-in task while no task waits, touching nothing
     outside this process: in a fresh fork every object first touched costs a copy-on-write page
     fault, and taken now they are not between a task's arrival and its start."""
-    task, _ref, upstream, _log, _last, _attempt, limits = pickle.loads(assignment)
-    stand_in = Steering("rehearsal#0", steering)  # Events made, never used: the reader stays idle
-    TaskContext(task, AttemptChannel(_NoStatus()), stand_in.cancel, stand_in.resume, upstream=upstream)
+    stand_in: Assignment = pickle.loads(assignment)
+    task = stand_in.task
+    steered = Steering(stand_in.attempt, steering)  # Events made, never used: the reader stays idle
+    TaskContext(task, AttemptChannel(_NoStatus()), steered.cancel, steered.resume, upstream=stand_in.upstream)
     AttemptOutput.format_line("INFO", f"task {task.id} ({task.type}) attempt 1 started in pid {os.getpid()}")
-    encode(result_message(ExecuteResult(result={}), limits.result_bytes))
+    encode(result_message(ExecuteResult(result={}), stand_in.limits.result_bytes))
 
 
 class _NoStatus:
@@ -349,13 +341,9 @@ class AttemptChannel:
 
 
 def _run_attempt(
-    task: Task,
-    executor_ref: str,
-    upstream: Mapping[str, Any],
-    log_path: str,
-    limits: Limits,
+    assignment: Assignment,
     status: StatusQueue,
-    steering: Steering,
+    reader: ControlReader,
     output: AttemptOutput,
     state: AttemptState,
     *,
@@ -369,12 +357,14 @@ def _run_attempt(
     attempt, as it does its threads and module state (an executor may keep a pool of helpers),
     and ends them when it exits.
     """
+    task, executor_ref, log_path, limits = assignment.task, assignment.executor_ref, assignment.log_path, assignment.limits
+    steering = reader.steer(assignment.attempt)
     channel = AttemptChannel(status)
     state.log_to(log_path, limits.log_bytes)
     try:
         output.begin(log_path, limits.log_bytes)
         ctx = TaskContext(
-            task, channel, steering.cancel, steering.resume, upstream=upstream, log=lambda: output.task_logger(task)
+            task, channel, steering.cancel, steering.resume, upstream=assignment.upstream, log=lambda: output.task_logger(task)
         )
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
         try:

@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from daemon import children, models, pipes, processes
-from executors import channel, endpoint
+from executors import assignment, channel, endpoint
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
 from tests.media import Recorder
@@ -50,7 +50,7 @@ def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
 
     def _launch(
         executor: str, payload: dict[str, Any] | None = None, *, context: Any = None,
-        upstream: dict[str, Any] | None = None, ref: str | None = None, limits: endpoint.Limits = endpoint.Limits(),
+        upstream: dict[str, Any] | None = None, ref: str | None = None, limits: assignment.Limits = assignment.Limits(),
     ) -> children.ExecutorProcess:
         task = make_task(executor.upper(), payload)
         child = children.spawn(
@@ -203,7 +203,7 @@ def test_an_unimportable_executor_is_an_exception_in_the_child(launch: Launch) -
 
 
 def test_a_result_over_max_result_bytes_is_refused_before_it_is_sent(launch: Launch) -> None:
-    limits = endpoint.Limits(result_bytes=1000)
+    limits = assignment.Limits(result_bytes=1000)
     # {"blob":"x...x"}: 11 bytes around the blob.
     assert result_of(collect(launch("BigResult", {"size": 989}, limits=limits)))["error"] is None
     messages = collect(launch("BigResult", {"size": 990}, limits=limits))
@@ -214,7 +214,7 @@ def test_a_result_over_max_result_bytes_is_refused_before_it_is_sent(launch: Lau
 
 
 def test_a_big_result_is_reassembled(launch: Launch) -> None:
-    result = result_of(collect(launch("BigResult", {"size": 3_000_000}, limits=endpoint.Limits(result_bytes=4_000_000))))
+    result = result_of(collect(launch("BigResult", {"size": 3_000_000}, limits=assignment.Limits(result_bytes=4_000_000))))
     assert result["result"] == {"blob": "x" * 3_000_000}
 
 

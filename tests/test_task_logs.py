@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon import children, cli, client
-from executors import endpoint, tasklog
+from executors import assignment, endpoint, tasklog
 from daemon.models import TaskStatus
 from daemon.supervisor import Supervisor
 from tests.conftest import make_task, wait_for
@@ -31,7 +31,7 @@ def forkserver() -> children.ExecutorContext:
 
 def run_flood(forkserver: Any, log: Path, **payload: Any) -> None:
     child = children.spawn(make_task("LOG_FLOOD", payload), "tests.sample_executors:LogFlood", {}, log,
-                           context=forkserver, limits=endpoint.Limits(log_bytes=LIMIT))
+                           context=forkserver, limits=assignment.Limits(log_bytes=LIMIT))
     try:
         assert child.reap(30) == 0
     finally:
@@ -87,7 +87,7 @@ def test_output_written_straight_to_the_log_is_bounded_while_the_attempt_runs(
     child = children.start_process(forkserver, fork_each=fork_each)
     try:
         child.assign(task, "tests.sample_executors:LogFlood", {}, log, last=not fork_each,
-                     limits=endpoint.Limits(log_bytes=LIMIT))
+                     limits=assignment.Limits(log_bytes=LIMIT))
         wait_for(ready.exists)
         rotated = Path(tasklog.rotated(str(log)))
         wait_for(lambda: rotated.exists() and log.stat().st_size + rotated.stat().st_size <= LIMIT, timeout=5)
