@@ -24,7 +24,7 @@ Workloads (median of --reps repetitions each):
   W2  50 sequential tasks (submit one, wait for it to complete, then the next):
       started_at - created_at (p50, p95), executor running - created_at, completed_at - created_at.
   W3  a 200-task chain (each depends on the previous, one submission using `key`s): ms per link.
-  spawn  `children.spawn` of a Noop task and waiting for its result and exit, without the
+  spawn  a fresh executor process given one attempt of a Noop task and waiting for its result and exit, without the
       supervisor (median of 50): the floor of the per-task cost.
   profile  one W1 run of 500 tasks with cProfile on the supervisor's loop thread: ms per task
       spent in spawning, the store, logging, ... (not counted in the tables above).
@@ -219,13 +219,13 @@ def log_started_at(log_path: Path) -> float:
 
 
 def spawn_floor(start_method: str, n: int = 50) -> dict[str, list[float]]:
-    """`children.spawn` of a Noop task and waiting for its exit, without the supervisor (ms)."""
+    """a fresh executor process given one attempt of a Noop task and waiting for its exit, without the supervisor (ms)."""
     from multiprocessing import connection as mp_connection
 
-    from daemon import children
+    from daemon.engine import executor_processes
     from daemon.store import db, tasks
 
-    context = children.make_context(start_method)
+    context = executor_processes.make_context(start_method)
     out: dict[str, list[float]] = {"spawn_call": [], "result": [], "exit": [], "close": []}
     with tempfile.TemporaryDirectory(prefix="fredica-bench-") as tmp:
         conn = db.open_database(Path(tmp) / "fredica.db")
@@ -236,7 +236,8 @@ def spawn_floor(start_method: str, n: int = 50) -> dict[str, list[float]]:
             assert task is not None
             log_path = Path(tmp) / "logs" / f"{task.id}.log"
             t0 = time.perf_counter()
-            child = children.spawn(task, NOOP_REF, {}, log_path, context=context)
+            child = executor_processes.start_process(context, "reused")
+            child.assign(task, NOOP_REF, {}, log_path, last=True)
             t1 = time.perf_counter()
             messages: list[dict[str, Any]] = []
             while not any(m.get("type") == "result" for m in messages):
@@ -267,7 +268,7 @@ PROFILE_ROWS = [
     ("loop busy: `Supervisor.tick`", "daemon/supervisor.py", "tick", "ct"),
     ("· `tasks.claim_next` (pending → claimed)", "daemon/store/tasks.py", "claim_next", "ct"),
     ("· `_dispatch` (claimed → running)", "daemon/supervisor.py", "_dispatch", "ct"),
-    ("· · `children.spawn`", "daemon/children.py", "spawn", "ct"),
+    ("· · ExecutorProcess.assign", "daemon/engine/executor_processes/base.py", "assign", "ct"),
     ("· · · `Process.start` (forkserver/spawn round trip)", "multiprocessing/process.py", "start", "ct"),
     ("· · · 2 × `context.Event()` (5 semaphores each)", "multiprocessing/context.py", "Event", "ct"),
     ("· · · `psutil.Process(pid).create_time()`", "psutil/__init__.py", "create_time", "ct"),
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--preload-extra",
         metavar="MODULES",
-        help="comma-separated modules to add to daemon.children.FORKSERVER_PRELOAD (an experiment)",
+        help="comma-separated modules to add to daemon.engine.executor_processes.base.FORKSERVER_PRELOAD (an experiment)",
     )
     parser.add_argument(
         "--tasks-per-process", type=int, default=1,
@@ -412,9 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.main_imports.split(","):
             importlib.import_module(name)
     if args.preload_extra:
-        from daemon import children
+        from daemon.engine.executor_processes import base as executor_processes
 
-        children.FORKSERVER_PRELOAD = [*children.FORKSERVER_PRELOAD, *args.preload_extra.split(",")]
+        executor_processes.FORKSERVER_PRELOAD = [*executor_processes.FORKSERVER_PRELOAD, *args.preload_extra.split(",")]
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if "spawn" in only:
         floor = spawn_floor(method, args.spawn_samples)
         name = f"spawn floor ({args.spawn_samples})"
-        rows.append((name, "children.spawn() returns (ms, median)", f"{statistics.median(floor['spawn_call']):.2f}"))
+        rows.append((name, "start_process()+assign() returns (ms, median)", f"{statistics.median(floor['spawn_call']):.2f}"))
         rows.append(("", "spawn → result message (ms, median)", f"{statistics.median(floor['result']):.2f}"))
         rows.append(("", "spawn → process exit (ms, median)", f"{statistics.median(floor['exit']):.2f}"))
         rows.append(("", "drain + close after exit (ms, median)", f"{statistics.median(floor['close']):.2f}"))

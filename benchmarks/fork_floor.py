@@ -14,7 +14,7 @@ Heaps:
   bare      a fresh interpreter with its site imports only
   executor  a fresh interpreter that imported what an attempt needs: executors.endpoint and the
             no-op executor
-  launcher  a real launcher: a child of fredica's fork server (daemon.children.make_context, the
+  launcher  a real launcher: a child of fredica's fork server (daemon.executor_processes.make_context, the
             no-op executor preloaded), as the supervisor starts them
 """
 
@@ -75,9 +75,9 @@ def _report(connection: Any, forks: int) -> None:
 
 
 def in_a_launcher(forks: int) -> dict[str, Any]:
-    from daemon import children
+    from daemon.engine.executor_processes import base as executor_processes
 
-    context = children.make_context("forkserver", preload=["benchmarks.noop"])
+    context = executor_processes.make_context("forkserver", preload=["benchmarks.noop"])
     ours, theirs = context.Pipe()
     process = context.Process(target=_report, args=(theirs, forks))
     process.start()

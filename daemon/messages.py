@@ -2,7 +2,7 @@
 paused, its own pause and resume requests, log lines, and its result; and what a user's pause and
 resume do to it.
 
-Messages change only the supervisor's memory (`RunningTask`): what they say has happened, and
+Messages change only the supervisor's memory (`Attempt`): what they say has happened, and
 cannot be taken back, even if the tick that read them is rolled back (a full disk). The loop
 writes that memory's mirror in the task row (`is_paused`, `is_pausable`, progress) from there.
 Executors only ever send messages.
@@ -10,87 +10,93 @@ Executors only ever send messages.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any, Callable
 
-from daemon import running
+from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import NotPausable
 from daemon.models import Task, TaskStatus
-from daemon.running import RunningTask
 from daemon.store import tasks
 from executors.base import ExecuteResult
 
 
-def apply(rt: RunningTask, message: dict[str, Any], now: float) -> None:
+def apply(at: Attempt, message: dict[str, Any], now: float) -> None:
     """Apply one message to the attempt's memory; a malformed one is logged and skipped, never
     stops the ones after it (the attempt's result among them)."""
     kind = message.get("type")
     try:
         if kind == "progress":
             text = message.get("text")
-            rt.note_progress(int(message.get("percent", 0)), None if text is None else str(text))
+            at.note_progress(int(message.get("percent", 0)), None if text is None else str(text))
         elif kind == "pausable":
-            rt.set_pausable(bool(message.get("pausable")))
-            if not rt.pausable and rt.paused_by == "user":
+            at.set_pausable(bool(message.get("pausable")))
+            if not at.pausable and at.paused_by == "user":
                 # Paused by a user while it still counted as pausable (the class default, before
                 # the executor read its payload): it will never honour that pause, so the pause
                 # is undone, not left to show it paused and stop its timeout's clock. Its own
                 # request_pause is its own business.
-                rt.child.resume()
-                rt.note_resumed(now)
-                rt.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
+                at.process.resume(at.token)
+                at.note_resumed(now)
+                at.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
         elif kind == "pause_request":
-            rt.note_paused(now, "executor")
-            rt.log.info("task_paused", by="executor", reason=message.get("reason"))
+            at.note_paused(now, "executor")
+            at.log.info("task_paused", by="executor", reason=message.get("reason"))
         elif kind == "resume_request":
-            rt.note_resumed(now)
-            rt.log.info("task_resumed", by="executor")
+            at.note_resumed(now)
+            at.log.info("task_resumed", by="executor")
         elif kind == "log":
-            rt.log.log(running.log_level(message.get("level")), "executor_log", message=str(message.get("message")))
+            at.log.log(log_level(message.get("level")), "executor_log", message=str(message.get("message")))
         elif kind == "result":
-            rt.result = ExecuteResult(
+            at.report(ExecuteResult(
                 result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")
-            )
+            ), now)
         else:
-            rt.log.warning("unknown_executor_message", kind=str(kind))
+            at.log.warning("unknown_executor_message", kind=str(kind))
     except (TypeError, ValueError, OverflowError) as exc:
-        rt.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
+        at.log.warning("bad_executor_message", kind=str(kind), error=f"{type(exc).__name__}: {exc}")
 
 
 def pause_by_user(
-    conn: sqlite3.Connection, task: Task, rt: RunningTask | None, paused: bool, now: float
+    conn: sqlite3.Connection, task: Task, at: Attempt | None, paused: bool, now: float
 ) -> tuple[Task, Callable[[], None]]:
     """Pause (or resume) a running, pausable task for a user (SPEC §7): `is_paused` written, and
     the command to its process with the attempt's memory changed to run once that is committed
     (a request whose tick is rolled back must have done nothing). NotPausable, changing nothing,
     when it cannot be."""
     verb = "paused" if paused else "resumed"
-    if task.status is not TaskStatus.RUNNING or rt is None or rt.stop_reason is not None:
+    if task.status is not TaskStatus.RUNNING or at is None or at.stopping:
         raise NotPausable(f"task {task.id} is {task.display_status}: only a running task can be {verb}")
-    if rt.finishing():
+    if at.finishing:
         raise NotPausable(f"task {task.id} has just finished its attempt: it cannot be {verb}")
     if paused:
-        if not rt.pausable:
+        if not at.pausable:
             raise NotPausable(f"task {task.id} ({task.type}) cannot be paused")
-        if rt.paused_since is not None:
+        if at.paused_since is not None:
             raise NotPausable(f"task {task.id} is already paused")
-    elif rt.paused_since is None:
+    elif at.paused_since is None:
         raise NotPausable(f"task {task.id} is not paused")
     tasks.set_paused(conn, task.id, paused)
 
     def command() -> None:
         if paused:
-            if not rt.pausable or rt.stop_requested_at is not None or rt.finishing():
+            if not at.pausable or at.phase is not Phase.RUNNING:
                 # Said it is not pausable, was stopped or ended in the tick of the request:
                 # the pause is not taken, and the row's is_paused is written back from memory.
-                rt.mirror_dirty = True
+                at.mirror_dirty = True
                 return
-            rt.child.pause()
-            rt.note_paused(now, "user")
-            rt.log.info("task_paused", by="user")
+            at.process.pause(at.token)
+            at.note_paused(now, "user")
+            at.log.info("task_paused", by="user")
         else:
-            rt.child.resume()
-            rt.note_resumed(now)
-            rt.log.info("task_resumed", by="user")
+            at.process.resume(at.token)
+            at.note_resumed(now)
+            at.log.info("task_resumed", by="user")
 
     return tasks.get(conn, task.id), command
+
+
+def log_level(name: Any) -> int:
+    """The logging level an executor's forwarded log line names (INFO if it names none)."""
+    level = logging.getLevelName(str(name).upper()) if name is not None else logging.INFO
+    return level if isinstance(level, int) else logging.INFO

@@ -12,13 +12,15 @@ from typing import Callable
 
 import structlog
 
-from daemon import children, models, scheduler
+from daemon import models, scheduler
 from daemon.config import Settings
 from daemon.models import Task
-from daemon.running import RunningTask
+from daemon.engine.attempt import Attempt, Phase
+from daemon.engine.executor_processes import describe_exit
 from daemon.scheduler import Action
 from daemon.store import tasks
 from executors.base import BadResult, ExecuteResult, TaskExecutor, stored_result
+from executors import tasklog
 from executors.output import AttemptOutput
 
 log = structlog.get_logger("fredica.supervisor")
@@ -34,28 +36,28 @@ class Recorded:
     retried: bool = False  # put back to pending, not before its backoff delay
 
 
-def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask, now: float) -> Recorded:
+def record_attempt(conn: sqlite3.Connection, settings: Settings, at: Attempt, now: float) -> Recorded:
     """SPEC §6 for an attempt that is over; at shutdown, an unfinished attempt's task is put back."""
-    result = rt.result
+    result = at.result
     succeeded = result is not None and result.ok
-    if rt.stop_reason == "shutdown" and not succeeded:
-        tasks.requeue(conn, rt.task.id, now=now, known=rt.task)
-        rt.log.info("task_interrupted", by="shutdown")
-        note_ending(settings, rt, None, "put back, it runs again after the next start")
+    if at.stop_reason == "shutdown" and not succeeded:
+        tasks.requeue(conn, at.task.id, now=now, known=at.task)
+        at.log.info("task_interrupted", by="shutdown")
+        note_ending(settings, at, None, "put back, it runs again after the next start")
         return Recorded(None)
-    if rt.stop_reason == "timeout" and not succeeded:
-        error, error_type = f"timed out after {rt.task.timeout:g} s", models.TIMEOUT
-    elif rt.stop_reason == "cancel" and not succeeded:
+    if at.stop_reason == "timeout" and not succeeded:
+        error, error_type = f"timed out after {at.task.timeout:g} s", models.TIMEOUT
+    elif at.stop_reason == "cancel" and not succeeded:
         error, error_type = "cancelled by user", models.CANCELLED
-    elif result is None and rt.child.status.oversized is not None:
+    elif result is None and at.process.status.oversized is not None:
         # Refused at its header (the channel is then closed, and the attempt ended).
-        error = (f"the executor sent a message of {rt.child.status.oversized} bytes, more than a result "
+        error = (f"the executor sent a message of {at.process.status.oversized} bytes, more than a result "
                  f"may take (max_result_bytes: {settings.max_result_bytes})")
         error_type = models.BAD_RESULT
     elif result is None:
-        error = f"executor process died without a result ({children.describe_exit(rt.exit_status())})"
+        error = f"executor process died without a result ({describe_exit(at.exitcode)})"
         # The task's own log: the process may have died before it was even given the task.
-        last_lines = children.tail(settings.task_log(rt.task.id), 20)
+        last_lines = tasklog.tail(settings.task_log(at.task.id), 20)
         if last_lines:
             error += "\n" + last_lines
         error_type = models.CRASHED
@@ -68,40 +70,40 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, rt: RunningTask
             error, error_type = str(exc), models.BAD_RESULT
     else:
         error, error_type = result.error or result.error_type, result.error_type or models.EXCEPTION
-    recorded = record(conn, settings, rt.task, rt.executor, error, error_type, now, result)
+    recorded = record(conn, settings, at.task, at.executor, error, error_type, now, result)
     refused = error if error_type == models.BAD_RESULT and succeeded else None
     if recorded.retried:
         outcome = f"{error_type}: retried"
     else:
         outcome = f"{error_type}: {recorded.finished}" if error_type else str(recorded.finished)
-    note_ending(settings, rt, refused, outcome)
+    note_ending(settings, at, refused, outcome)
     return recorded
 
 
-def note_ending(settings: Settings, rt: RunningTask, refused: str | None, outcome: str) -> None:
+def note_ending(settings: Settings, at: Attempt, refused: str | None, outcome: str) -> None:
     """Add the supervisor's line to the attempt's log if the attempt could not write its own last
     line (it ended without a result: killed, crashed) or its result was `refused` here; once."""
-    if rt.ending_noted or (rt.result is not None and refused is None):
+    if at.ending_noted or (at.result is not None and refused is None):
         return
-    rt.ending_noted = True
+    at.ending_noted = True
     if refused is not None:
         what = f"the result was refused ({refused})"
     else:
-        exit = children.describe_exit(rt.exit_status())
-        timeout = f" ({rt.task.timeout:g} s)" if rt.task.timeout is not None else ""
+        exit = describe_exit(at.exitcode)
+        timeout = f" ({at.task.timeout:g} s)" if at.task.timeout is not None else ""
         causes = {"cancel": "the user's cancel", "timeout": f"its timeout{timeout}", "shutdown": "the daemon's shutdown"}
-        cause = causes.get(rt.stop_reason) if rt.stop_reason is not None else None
-        if rt.child.status.oversized is not None:
-            what = f"the attempt was ended: it sent a message of {rt.child.status.oversized} bytes ({exit})"
+        cause = causes.get(at.stop_reason) if at.stop_reason is not None else None
+        if at.process.status.oversized is not None:
+            what = f"the attempt was ended: it sent a message of {at.process.status.oversized} bytes ({exit})"
         elif cause is None:
             what = f"the attempt's process died without a result ({exit})"
-        elif rt.killed:
+        elif at.reached(Phase.KILLED):
             what = f"the attempt was killed after {cause}, which neither the cancel nor SIGTERM ended ({exit})"
-        elif rt.terminated_at is not None:
+        elif at.reached(Phase.TERMINATED):
             what = f"the attempt was ended with SIGTERM after {cause} ({exit})"
         else:
             what = f"the attempt ended without a result after {cause} ({exit})"
-    AttemptOutput.append_line(settings.task_log(rt.task.id), "WARNING", f"supervisor: {what}; {outcome}")
+    AttemptOutput.append_line(settings.task_log(at.task.id), "WARNING", f"supervisor: {what}; {outcome}")
 
 
 def record(

@@ -9,7 +9,9 @@ from typing import Callable, Iterator
 
 import structlog
 
-from daemon import children, pipes
+from daemon import pipes
+from daemon.engine import executor_processes
+from daemon.engine.executor_processes import ExecutorContext, ExecutorProcess
 
 log = structlog.get_logger("fredica.supervisor")
 # How long a dispatch may wait for a launcher to report its last fork's exit (normally about a
@@ -32,10 +34,10 @@ class IdleProcesses:
 
     def __init__(
         self,
-        context: children.ExecutorContext,
+        context: ExecutorContext,
         *,
         warm_spare: bool,
-        launchers: bool,
+        spare_kind: str,
         settle_timeout: float,
         slots: int,
         idle_timeout: float,
@@ -43,25 +45,25 @@ class IdleProcesses:
     ) -> None:
         self._context = context
         self._warm_spare = warm_spare
-        self._spare_is_launcher = launchers  # what most tasks will need
+        self._spare_kind = spare_kind  # what most tasks will need
         self._settle_timeout = settle_timeout
         self._limit = slots + (1 if warm_spare else 0)
         self._idle_timeout = idle_timeout
         # Settling is a matter of real milliseconds, waited for in poll(2): it has a clock of its
         # own (a test's to step); idleness is measured in the loop's `now`, as its other timers are.
         self._monotonic = monotonic
-        self._processes: list[children.ExecutorProcess] = []  # oldest first
+        self._processes: list[ExecutorProcess] = []  # oldest first
         self._returned_at: dict[int, float] = {}  # pid -> when put back (self._monotonic())
         self._idle_since: dict[int, float] = {}  # pid -> the first `tick`'s `now` that saw it idle
-        self._lent: list[children.ExecutorProcess] = []  # handed out by `take`, not put back
+        self._lent: list[ExecutorProcess] = []  # handed out by `take`, not put back
 
-    def __iter__(self) -> Iterator[children.ExecutorProcess]:
+    def __iter__(self) -> Iterator[ExecutorProcess]:
         return iter(list(self._processes))
 
     # --- the supervisor's calls -----------------------------------------------------------------
 
-    def take(self, *, launcher: bool) -> children.ExecutorProcess:
-        """An idle launcher, or an idle process that runs attempts itself; started if none waits.
+    def take(self, kind: str) -> ExecutorProcess:
+        """An idle process of `kind` ("fresh": a launcher; "reused"); started if none waits.
 
         A launcher whose last attempt has sent its result may not have reported that fork's exit
         yet (the fork is tearing down, then the next is forked): it is taken once it has. If none
@@ -69,18 +71,18 @@ class IdleProcesses:
         a process; at the bound, any unsettled one is waited for, and the slowest ended if none
         reports (`_make_room`).
         """
-        process = self._settled(launcher)
-        if process is None and self._unsettled(launcher, recent=True):
-            self._wait_for_reports(launcher, SETTLE_WAIT)
-            process = self._settled(launcher)
+        process = self._settled(kind)
+        if process is None and self._unsettled(kind, recent=True):
+            self._wait_for_reports(kind, SETTLE_WAIT)
+            process = self._settled(kind)
         if process is None and not self._has_room():
-            process = self._make_room(launcher)
+            process = self._make_room(kind)
         if process is None:
-            process = children.start_process(self._context, fork_each=launcher)
+            process = executor_processes.start_process(self._context, kind)
         self._lent.append(process)
         return process
 
-    def put_back(self, process: children.ExecutorProcess) -> None:
+    def put_back(self, process: ExecutorProcess) -> None:
         """A process whose attempt is over and that takes another (or that was given nothing)."""
         self._processes.append(process)
         self._returned_at[process.pid] = self._monotonic()
@@ -117,12 +119,12 @@ class IdleProcesses:
 
     # --- choosing and waiting -------------------------------------------------------------------
 
-    def _settled(self, launcher: bool) -> children.ExecutorProcess | None:
+    def _settled(self, kind: str) -> ExecutorProcess | None:
         """The newest idle process of the kind that is ready for an attempt, removed from the
         pool; dead ones met on the way are dropped."""
         # Newest first: a process that has just finished an attempt is reused before the spare,
         # and the ones left unused grow old and are trimmed.
-        for process in reversed([p for p in self._processes if p.fork_each == launcher]):
+        for process in reversed([p for p in self._processes if p.kind == kind]):
             if not process.settled():
                 continue
             if process.usable():
@@ -131,16 +133,16 @@ class IdleProcesses:
             self._drop_dead(process)
         return None
 
-    def _unsettled(self, launcher: bool, *, recent: bool = False) -> list[children.ExecutorProcess]:
+    def _unsettled(self, kind: str, *, recent: bool = False) -> list[ExecutorProcess]:
         """Idle launchers of the kind still to report their last fork's exit (only those put back
         less than SETTLE_WAIT ago if `recent`), oldest first."""
         return [
             p for p in self._processes
-            if p.fork_each == launcher and p.awaiting_report and (not recent or self._age(p) < SETTLE_WAIT)
+            if p.kind == kind and p.awaiting_report and (not recent or self._age(p) < SETTLE_WAIT)
         ]
 
-    def _wait_for_reports(self, launcher: bool, timeout: float) -> None:
-        waiting = [p.reports for p in self._unsettled(launcher) if p.reports is not None and not p.reports.closed]
+    def _wait_for_reports(self, kind: str, timeout: float) -> None:
+        waiting = [p.reports for p in self._unsettled(kind) if p.reports is not None and not p.reports.closed]
         if waiting:
             pipes.ready(waiting, timeout)
 
@@ -149,17 +151,17 @@ class IdleProcesses:
         self._lent = [p for p in self._lent if p.is_alive()]  # those the supervisor ended
         return len(self._processes) + len(self._lent) < self._limit
 
-    def _make_room(self, launcher: bool) -> children.ExecutorProcess | None:
+    def _make_room(self, kind: str) -> ExecutorProcess | None:
         """At the bound, with no idle process of the kind ready: an idle one of the other kind is
         ended; else the launchers still to report are waited for (BOUND_WAIT), and, if none has
         reported by then, the oldest is ended. A process that has reported is returned."""
-        others = [p for p in self._processes if p.fork_each != launcher]
+        others = [p for p in self._processes if p.kind != kind]
         if others:
             self._end(others[0], "other_kind")
             return None
         # One wait, which ends at the first report: any that came then is taken.
-        self._wait_for_reports(launcher, BOUND_WAIT)
-        process = self._settled(launcher)
+        self._wait_for_reports(kind, BOUND_WAIT)
+        process = self._settled(kind)
         if process is not None:
             return process
         if self._processes:
@@ -171,14 +173,14 @@ class IdleProcesses:
         if not self._warm_spare:
             return
         for process in self._processes:
-            if process.fork_each != self._spare_is_launcher:
+            if process.kind != self._spare_kind:
                 continue  # of the other kind (a launcher a fresh-process task left): no spare
             if not process.awaiting_report or self._age(process) < SETTLE_WAIT:
                 return  # ready, or about to be
         if not self._has_room():
             return  # every slot busy and an idle one slow to report: it is the spare
         try:
-            spare = children.start_process(self._context, fork_each=self._spare_is_launcher)
+            spare = executor_processes.start_process(self._context, self._spare_kind)
         except Exception:
             log.exception("spare_executor_failed")
             return
@@ -200,10 +202,10 @@ class IdleProcesses:
         for process in self._processes:
             if process.awaiting_report and self._age(process) > self._settle_timeout and not process.settled():
                 log.warning("executor_stuck_after_result", pid=process.attempt_process[0] if process.attempt_process else None, task_id=process.task_id)
-                process.kill_tree()
+                process.kill_attempt()
                 self._returned_at[process.pid] = self._monotonic()
 
-    def _end(self, process: children.ExecutorProcess, reason: str) -> None:
+    def _end(self, process: ExecutorProcess, reason: str) -> None:
         """Dismiss an idle process (a launcher exits within milliseconds; one whose fork is still
         exiting is killed, which its attempt, over, no longer minds)."""
         self._remove(process)
@@ -212,20 +214,20 @@ class IdleProcesses:
             process.kill()
         process.dismiss()
 
-    def _drop_dead(self, process: children.ExecutorProcess) -> None:
+    def _drop_dead(self, process: ExecutorProcess) -> None:
         """Forget a process that died or is ending, reaping it if it has ended."""
         self._remove(process)
-        log.warning("idle_executor_lost", pid=process.pid, exit=children.describe_exit(process.exitcode))
+        log.warning("idle_executor_lost", pid=process.pid, exit=executor_processes.describe_exit(process.exitcode))
         if process.is_alive():
             process.dismiss()  # an ending launcher: exits at once
         else:
             process.close()
 
-    def _age(self, process: children.ExecutorProcess) -> float:
+    def _age(self, process: ExecutorProcess) -> float:
         """Seconds since the process was put back."""
         return self._monotonic() - self._returned_at.get(process.pid, 0.0)
 
-    def _remove(self, process: children.ExecutorProcess) -> None:
+    def _remove(self, process: ExecutorProcess) -> None:
         self._processes.remove(process)
         self._returned_at.pop(process.pid, None)
         self._idle_since.pop(process.pid, None)

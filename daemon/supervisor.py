@@ -23,12 +23,13 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import children, dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, templates
+from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, templates
+from daemon.engine import executor_processes
+from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, UnknownTask
 from daemon.handoff import LoopHandoff
 from daemon.models import Task
-from daemon.running import RunningTask
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
 from daemon.submission import TaskSpec
@@ -72,10 +73,10 @@ class Supervisor:
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
         templates.check_task_types(settings.templates, self.registry)
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
-        self.context = children.make_context(settings.start_method, preload=executor_modules)
-        self.running: dict[str, RunningTask] = {}
+        self.context = executor_processes.make_context(settings.start_method, preload=executor_modules)
+        self.running: dict[str, Attempt] = {}
         self.idle = pool.IdleProcesses(
-            self.context, warm_spare=settings.warm_spare, launchers=settings.tasks_per_process == 1,
+            self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",
             settle_timeout=settings.cancel_grace, slots=settings.max_workers,
             idle_timeout=settings.idle_process_timeout,
         )
@@ -94,12 +95,12 @@ class Supervisor:
         # SPEC §13: while the database cannot be written, what the loop still has to record waits
         # here: attempts that ended (their processes released) and, in `running`, their mirrors.
         self.fault: faults.WriteFault | None = None
-        self.unrecorded: list[RunningTask] = []
+        self.unrecorded: list[Attempt] = []
         # What this tick did that its rollback must undo in memory: attempts it finished (back to
         # `unrecorded`) and attempts it dispatched (their processes back to the pool).
-        self._finished: list[RunningTask] = []
-        self._dispatched: list[RunningTask] = []
-        self._stops: list[tuple[RunningTask, str | None, float | None]] = []  # (attempt, as it was)
+        self._finished: list[Attempt] = []
+        self._dispatched: list[Attempt] = []
+        self._stops: list[tuple[Attempt, Phase, str | None]] = []  # (attempt, as it was)
         self.exit_status = 0  # 1 once corruption ended the loop
         self.database_faults = 0  # write faults ridden out since start, each counted once
         self._corruption: BaseException | None = None
@@ -234,7 +235,7 @@ class Supervisor:
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._handoff.wake_fd]
         for rt in self.running.values():
-            handles += rt.child.fds()
+            handles += rt.process.fds()
         ready = pipes.ready(handles, max(0.0, timeout))
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
@@ -297,14 +298,14 @@ class Supervisor:
         self._outbox = []  # hand-overs, hooks, counts and requests' commands: none happened
         for rt in reversed(self._dispatched):  # never given their task
             self.running.pop(rt.task.id, None)
-            self.idle.put_back(rt.child)
+            self.idle.put_back(rt.process)
         # Attempts that ended stay ended (their processes are released): only the records are
         # lost, and made again once the database takes writes.
         self.unrecorded += [rt for rt in self._finished if rt not in self.unrecorded]
         for rt in [*self.running.values(), *self.unrecorded]:
             rt.mirror_lost()
-        for rt, reason, requested_at in reversed(self._stops):  # users' cancels, refused
-            rt.stop_reason, rt.stop_requested_at = reason, requested_at
+        for rt, phase, reason in reversed(self._stops):  # users' cancels, refused
+            rt.undo_stop(phase, reason)
         self._finished, self._dispatched, self._stops = [], [], []
         # What the rolled-back reads let the loop conclude may be untrue: look again.
         self._delayed_possible = True
@@ -337,7 +338,7 @@ class Supervisor:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if self._may_be_over(rt) and rt.attempt_over():
+            if rt.is_over():
                 self._guard(rt, self._conclude, rt, now)
         self.unrecorded += self._finished
         self._finished = []
@@ -378,9 +379,9 @@ class Supervisor:
         processes.end_process_trees(roots, self.settings.cancel_grace / 2)
         for rt in self.running.values():  # a launcher is no part of its attempt's tree
             with contextlib.suppress(Exception):
-                rt.child.kill()
-                rt.child.reap(1.0)
-                rt.child.close()
+                rt.process.kill()
+                rt.process.reap(1.0)
+                rt.process.close()
         self.running.clear()
 
     def _tick(self, now: float) -> float:
@@ -392,7 +393,7 @@ class Supervisor:
         for rt in list(self.running.values()):
             self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
         for rt in list(self.running.values()):
-            if self._may_be_over(rt) and rt.attempt_over():
+            if rt.is_over():
                 self._guard(rt, self._finish, rt, now)
         self._ready = None
         for rt in list(self.running.values()):
@@ -410,18 +411,6 @@ class Supervisor:
             self.notifier.tick(now, self.summary())
         return self._next_timeout(now)
 
-    def _may_be_over(self, rt: RunningTask) -> bool:
-        """Whether to look at the attempt's process: asking a process if it has exited costs a
-        poll of its sentinel, and a process whose sentinel the last wait did not find ready had not
-        exited then (if it has since, its sentinel wakes the next wait at once)."""
-        return (
-            self._ready is None
-            or rt.result is not None
-            or rt.attempt_exitcode is not None
-            or not rt.channel_open
-            or rt.child.sentinel in self._ready
-        )
-
     def summary(self) -> str:
         """One line for systemd's STATUS: what the daemon is doing."""
         done = self.finished_counts
@@ -433,7 +422,7 @@ class Supervisor:
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
         )
 
-    def _guard(self, rt: RunningTask, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> None:
+    def _guard(self, rt: Attempt, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> None:
         """Executor misbehaviour (and our own bugs around it) must never stop the loop.
 
         `atomic`: `fn` writes several statements, undone together if it fails (the others are
@@ -502,7 +491,7 @@ class Supervisor:
         # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
         # > 1) a process that runs attempts itself, until it has run that many.
         fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
-        child = self.idle.take(launcher=fresh)
+        child = self.idle.take("fresh" if fresh else "reused")
         last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
         # The process is recorded before it is given the task: if the daemon dies in between, the
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
@@ -522,19 +511,19 @@ class Supervisor:
         except BaseException:
             self.idle.put_back(child)  # it was given nothing
             raise
-        self.running[task.id] = rt = RunningTask(
-            task=started, child=child, executor=executor, started_at=now, pausable=started.is_pausable
+        self.running[task.id] = rt = Attempt(
+            task=started, process=child, executor=executor, started_at=now, pausable=started.is_pausable
         )
         self._dispatched.append(rt)
         # The executor gets the payload with its references to upstream results filled in.
         attempt = dataclasses.replace(started, payload=task.payload)
-        self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last))
+        self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last, now))
 
-    def _hand_over(self, rt: RunningTask, attempt: Task, upstream: dict[str, Any], last: bool) -> None:
+    def _hand_over(self, rt: Attempt, attempt: Task, upstream: dict[str, Any], last: bool, now: float) -> None:
         """Send a started attempt to its process (after the commit that recorded it)."""
-        child = rt.child
+        child = rt.process
         try:
-            child.assign(
+            rt.token = child.assign(
                 attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
                 process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
                 limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
@@ -545,6 +534,7 @@ class Supervisor:
             rt.log.warning("executor_lost", pid=child.pid, error=f"{type(exc).__name__}: {exc}")
             child.kill()
             return
+        rt.handed_over(now)
         rt.log.info(
             "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
         )
@@ -559,25 +549,24 @@ class Supervisor:
 
     # --- messages from a child ------------------------------------------------------------------
 
-    def _drain(self, rt: RunningTask, now: float, limit: int | None, *, check_exit: bool | None = None) -> None:
-        if not rt.channel_open and not rt.child.fork_each:  # a launcher still reports its fork's exit
+    def _drain(self, rt: Attempt, now: float, limit: int | None, *, check_exit: bool | None = None) -> None:
+        if rt.phase in (Phase.EXITED, Phase.ENDED):
             return
-        was_open = rt.channel_open
         if check_exit is None:  # not when the last wait saw the process still running
-            check_exit = self._ready is None or rt.child.sentinel in self._ready
-        drained = rt.child.drain(limit, check_exit=check_exit)
+            check_exit = self._ready is None or rt.process.sentinel in self._ready
+        drained = rt.process.drain(limit, check_exit=check_exit)
         for message in drained.messages:
             messages.apply(rt, message, now)
-        if drained.fork_exitcode is not None:
-            rt.attempt_exitcode = drained.fork_exitcode
-        if was_open and rt.child.status.broken and rt.result is None and rt.attempt_exitcode is None and rt.child.is_alive():
+        if drained.exitcode is not None:
+            rt.exited(drained.exitcode, now)
+        elif rt.process.status.broken and not rt.finishing and rt.process.is_alive():
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
             # run with no one listening.
-            rt.log.warning("executor_channel_broken", reason=rt.child.status.close_reason)
-            rt.child.kill_tree()
+            rt.log.warning("executor_channel_broken", reason=rt.process.status.close_reason)
+            rt.process.kill_attempt()
 
-    def _write_mirrors(self, now: float, only: RunningTask | None = None) -> None:
+    def _write_mirrors(self, now: float, only: Attempt | None = None) -> None:
         """Write what the task rows mirror of running attempts: pause states at once, progress at
         most every progress_interval per task (`only`: that attempt's, whatever its age)."""
         attempts = [only] if only else list(self.running.values())
@@ -600,37 +589,33 @@ class Supervisor:
 
     # --- ending an attempt ----------------------------------------------------------------------
 
-    def _finish(self, rt: RunningTask, now: float) -> None:
+    def _finish(self, rt: Attempt, now: float) -> None:
         """The attempt is over: release its process, then record its outcome."""
         self._conclude(rt, now)
         self._record(rt)
 
-    def _conclude(self, rt: RunningTask, now: float) -> None:
-        """End the attempt in memory: read the rest of what it said, release its process (kept
-        if it takes another task), and leave it to `_record`. Needs no database.
-
-        A process that exits is read to the end of its channel first; one that goes on has sent
-        its result as the attempt's last message.
-        """
-        reusable = rt.reusable()
-        while rt.channel_open and not reusable:
-            self._drain(rt, now, None, check_exit=True)
-        rt.ended_at = now
+    def _conclude(self, rt: Attempt, now: float) -> None:
+        """End the attempt in memory: release its process (kept if it takes another task), and
+        leave it to `_record`. Needs no database. An attempt that exited has been read to the end
+        of its channel; one whose process goes on sent its result as its last message."""
+        process = rt.process
+        takes_another = process.takes_another(rt)
+        rt.end(now)
         del self.running[rt.task.id]
         self._finished.append(rt)  # from here on, a rolled-back tick keeps it in `unrecorded`
         try:
-            if reusable:
-                self.idle.put_back(rt.child)
-            elif rt.child.is_alive():  # it may not run another attempt: it exits when dismissed
-                rt.child.dismiss()
+            if takes_another:
+                self.idle.put_back(process)
+            elif process.is_alive():  # it may not run another attempt: it exits when dismissed
+                process.dismiss()
             else:
-                rt.child.close()
+                process.close()
         except Exception:
             rt.log.exception("executor_release_failed")
             with contextlib.suppress(Exception):
-                rt.child.kill()
+                process.kill()
 
-    def _record(self, rt: RunningTask) -> None:
+    def _record(self, rt: Attempt) -> None:
         """Record an ended attempt's outcome (SPEC §6), as of when it ended."""
         assert rt.ended_at is not None
         try:
@@ -695,41 +680,35 @@ class Supervisor:
         rt = self.running.get(task_id)
         if rt is None:
             return False
-        if rt.stop_requested_at is not None:
+        before = (rt.phase, rt.stop_reason)
+        if not rt.request_stop(reason, now):
+            # Stopping already, or over: an attempt that has reported its result (or whose
+            # process has exited) ended as it said, whatever comes now.
             return True
         if requested:
             # Decided now, so that an attempt ending in this same tick is recorded as stopped;
             # undone if the tick is rolled back, and the process told only once it is committed.
-            self._stops.append((rt, rt.stop_reason, rt.stop_requested_at))
-        # An attempt that has reported its result (or whose process has exited) ended as it
-        # said, whatever comes now: its process is still stopped if it lingers, but the stop
-        # does not relabel that outcome (a failure as CANCELLED, or put back at shutdown).
-        if not rt.finishing():
-            rt.stop_reason = reason
-        rt.stop_requested_at = now
+            self._stops.append((rt, *before))
         if requested:
             self._outbox.append(functools.partial(self._tell_to_stop, rt, reason, now))
         else:
             self._tell_to_stop(rt, reason, now)
         return True
 
-    def _tell_to_stop(self, rt: RunningTask, reason: str, now: float) -> None:
+    def _tell_to_stop(self, rt: Attempt, reason: str, now: float) -> None:
         if self.running.get(rt.task.id) is not rt:
             return  # ended meanwhile, in the tick of the request: nothing left to stop
         # Sets the resume Event too, so a paused executor wakes up to see the cancel.
-        rt.child.request_cancel(reason)
+        rt.process.request_cancel(reason, rt.token)
         rt.note_resumed(now)
         rt.log.info("task_stop_requested", reason=reason)
 
-    def _enforce_deadlines(self, rt: RunningTask, now: float) -> None:
-        grace = self.settings.cancel_grace
-        if rt.stop_requested_at is None:
-            if rt.finishing():
-                return  # it has reported: stopping it now would only mislabel how it ended
+    def _enforce_deadlines(self, rt: Attempt, now: float) -> None:
+        if rt.phase is Phase.RUNNING:
             if rt.task.timeout is not None and rt.active_seconds(now) >= rt.task.timeout:
                 self._request_stop(rt.task.id, "timeout", now)
             return
-        rt.escalate(now, grace)
+        rt.escalate(now, self.settings.cancel_grace)
 
     def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
         rt = self.running.get(task_id)

@@ -1,6 +1,6 @@
 """What the supervisor sends an executor process for one attempt: the `Assignment`.
 
-Shared by both sides of the assignment pipe (daemon.children sends it pickled; the executor
+Shared by both sides of the assignment pipe (daemon.engine.executor_processes sends it pickled; the executor
 process, whatever its kind, receives it), so neither spells the message out positionally.
 """
 

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import re
+from pathlib import Path
 
 COPY_ROUNDS = 4  # the log grows while it is copied: catch up this often, then truncate anyway
 _DROPPED = "[... {} bytes of earlier output dropped: the log is kept within max_task_log_bytes]\n"
@@ -112,3 +113,25 @@ def dropped(head: bytes) -> int | None:
     (None if it left out none)."""
     match = _DROPPED_PATTERN.match(head)
     return int(match.group(1)) if match else None
+
+
+def tail(path: Path | str, lines: int = 20, *, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a log file (reading at most `max_bytes` from its end); "" if none."""
+    if lines <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            block = 8192
+            data = b""
+            position = size
+            # Read backwards block by block until there are enough lines or the budget is spent.
+            while position > 0 and data.count(b"\n") <= lines and len(data) < max_bytes:
+                step = min(block, position, max_bytes - len(data))
+                position -= step
+                f.seek(position)
+                data = f.read(step) + data
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])

@@ -2,7 +2,7 @@
 
 Three ways to run an executor, from the lightest to the most complete:
 - `run_inline`: `execute` in the test process with a recording context (payload checks);
-- `Launcher`: a real executor subprocess through `daemon.children`, steered like the supervisor does;
+- `Launcher`: a real executor subprocess through `daemon.engine.executor_processes`, steered like the supervisor does;
 - `start_supervisor`: an in-process Supervisor with a real database (end to end).
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 
 import psutil
 
-from daemon import children
 from daemon.config import Settings
 from daemon.models import Task
 from daemon.store import tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
+from daemon.engine import executor_processes
+from tests import executor_launch
 from executors.base import ExecuteResult, TaskContext, TaskExecutor
 from executors import registry
 from tests import conftest
@@ -63,26 +64,26 @@ class Launcher:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.context = children.make_context("forkserver")
-        self.started: list[children.ExecutorProcess] = []
+        self.context = executor_processes.make_context("forkserver")
+        self.started: list[executor_processes.ExecutorProcess] = []
         self.seen: dict[int, list[dict[str, Any]]] = {}
 
     def launch(self, task_type: str, payload: dict[str, Any], *, ref: str | None = None,
-               task_id: str | None = None, **fields: Any) -> children.ExecutorProcess:
+               task_id: str | None = None, **fields: Any) -> executor_processes.ExecutorProcess:
         task = make_task(task_type, payload, **({"id": task_id} if task_id else {}), **fields)
         log_path = self.tmp_path / "logs" / f"{task.id}.{len(self.started)}.log"
-        child = children.spawn(task, ref or BUILT_INS[task_type], {}, log_path, context=self.context)
+        child = executor_launch.spawn(task, ref or BUILT_INS[task_type], {}, log_path, context=self.context)
         self.started.append(child)
         self.seen[id(child)] = []
         return child
 
-    def messages(self, child: children.ExecutorProcess) -> list[dict[str, Any]]:
+    def messages(self, child: executor_processes.ExecutorProcess) -> list[dict[str, Any]]:
         """Every message read so far from `child` (reads what has arrived)."""
         seen = self.seen[id(child)]
         seen.extend(child.drain().messages)
         return seen
 
-    def wait_message(self, child: children.ExecutorProcess, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
+    def wait_message(self, child: executor_processes.ExecutorProcess, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
         """The first message (seen so far or arriving) for which `predicate` is true."""
         def found() -> dict[str, Any] | None:
             return next((m for m in self.messages(child) if predicate(m)), None)
@@ -91,7 +92,7 @@ class Launcher:
         assert message is not None
         return message
 
-    def finish(self, child: children.ExecutorProcess, timeout: float = 30.0) -> dict[str, Any]:
+    def finish(self, child: executor_processes.ExecutorProcess, timeout: float = 30.0) -> dict[str, Any]:
         """Read until the child has ended; its result message."""
         deadline = time.monotonic() + timeout
         seen = self.seen[id(child)]
@@ -110,7 +111,7 @@ class Launcher:
     def close(self) -> None:
         for child in self.started:
             if child.is_alive():
-                child.kill_tree()
+                child.kill_attempt()
             child.reap(5)
             child.close()
 

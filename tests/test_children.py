@@ -1,6 +1,6 @@
 """Executor subprocesses for real: spawn, results, crashes, pause, cancel, process trees, floods.
 
-No supervisor and no database: each test drives `daemon.children` directly, the way the supervisor
+No supervisor and no database: each test drives `daemon.engine.executor_processes` directly, the way the supervisor
 does, and synchronises on files the sample executors write and on the status channel.
 """
 
@@ -27,7 +27,10 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from daemon import children, models, pipes, processes
+from daemon import models, pipes, processes
+from daemon.engine import executor_processes
+from tests import executor_launch
+from executors import tasklog
 from executors import assignment, channel, endpoint
 from executors.base import ExecuteResult, TaskContext
 from tests.conftest import make_task, wait_for
@@ -35,25 +38,25 @@ from tests.media import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
 
-Launch = Callable[..., children.ExecutorProcess]
+Launch = Callable[..., executor_processes.ExecutorProcess]
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> children.ExecutorContext:
-    return children.make_context("forkserver")
+def forkserver() -> executor_processes.ExecutorContext:
+    return executor_processes.make_context("forkserver")
 
 
 @pytest.fixture
 def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
     """Start a sample executor; whatever is still running at the end of the test is killed."""
-    started: list[children.ExecutorProcess] = []
+    started: list[executor_processes.ExecutorProcess] = []
 
     def _launch(
         executor: str, payload: dict[str, Any] | None = None, *, context: Any = None,
         upstream: dict[str, Any] | None = None, ref: str | None = None, limits: assignment.Limits = assignment.Limits(),
-    ) -> children.ExecutorProcess:
+    ) -> executor_processes.ExecutorProcess:
         task = make_task(executor.upper(), payload)
-        child = children.spawn(
+        child = executor_launch.spawn(
             task, ref or f"tests.sample_executors:{executor}", upstream or {},
             tmp_path / "logs" / f"{task.id}.log", context=context or forkserver, limits=limits,
         )
@@ -63,36 +66,37 @@ def launch(forkserver: Any, tmp_path: Path) -> Iterator[Launch]:
     yield _launch
     for child in started:
         if child.is_alive():
-            child.kill_tree()
+            child.kill_attempt()
         child.reap(5)
         child.close()
 
 
 @pytest.fixture
-def launcher(forkserver: Any) -> Iterator[children.ExecutorProcess]:
+def launcher(forkserver: Any) -> Iterator[executor_processes.ExecutorProcess]:
     """A launcher, waiting for its first attempt; dismissed (killed if need be) at the end."""
-    started = children.start_process(forkserver, fork_each=True)
+    started = executor_processes.start_process(forkserver, "fresh")
     yield started
     started.dismiss()
 
 
-def read_drained(child: children.ExecutorProcess, limit: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+def read_drained(child: executor_processes.ExecutorProcess, limit: int | None = None) -> tuple[list[dict[str, Any]], bool]:
     """What one drain read, and whether more may come. A launcher's report of its fork's exit
     (which comes on a pipe of its own) is put last, as an "exited" entry with the exit status."""
-    messages, open_, fork_exitcode = child.drain(limit)
-    if fork_exitcode is not None:
-        messages = [*messages, {"type": "exited", "exitcode": fork_exitcode}]
+    messages, open_, exitcode = child.drain(limit)
+    if exitcode is not None and child.kind == "fresh":
+        messages = [*messages, {"type": "exited", "exitcode": exitcode}]
     return messages, open_
 
 
-def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
+def collect(child: executor_processes.ExecutorProcess, limit: int | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
     """Every message until the channel is closed and the process has ended, like the supervisor."""
     messages: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while True:
         batch, open_ = read_drained(child, limit)
         assert limit is None or len(batch) <= limit + 1  # + a launcher's exit report
-        messages += batch
+        # A launcher that exits after its fork reports that fork's exit, then its own.
+        messages += [m for m in batch if m["type"] != "exited" or not any(s["type"] == "exited" for s in messages)]
         if not open_ and not child.is_alive():
             break
         assert time.monotonic() < deadline, f"child still running; got {messages[-3:]}"
@@ -101,7 +105,7 @@ def collect(child: children.ExecutorProcess, limit: int | None = None, timeout: 
     return messages
 
 
-def next_message(child: children.ExecutorProcess, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
+def next_message(child: executor_processes.ExecutorProcess, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
     """Read messages (keeping them in `seen`) until one of type `kind` arrives."""
     def arrived() -> dict[str, Any] | None:
         for message in read_drained(child, 1)[0]:
@@ -140,7 +144,7 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_success_sends_the_result_and_exits_0(launch: Launch, start_method: str) -> None:
-    child = launch("Echo", {"a": 1}, context=children.make_context(start_method))
+    child = launch("Echo", {"a": 1}, context=executor_processes.make_context(start_method))
     assert child.pid > 0 and child.log_path.name == "task-echo.log"
     messages = collect(child)
     assert messages == [
@@ -244,8 +248,8 @@ def test_an_executor_ignores_no_signal_even_when_its_daemon_was_started_ignoring
     # fork server passes on to what it starts; the commands executors run would inherit it.
     script = textwrap.dedent("""
         import re, signal, sys
-        from daemon import children
-        process = children.start_process(children.make_context("forkserver"), fork_each=True)
+        from daemon.engine import executor_processes
+        process = executor_processes.start_process(executor_processes.make_context("forkserver"), "fresh")
         try:  # the fork that waits for a task: what an attempt, and its commands, start from
             status = open(f"/proc/{process.attempt_pid}/status").read()
             print(int(re.search(r"^SigIgn:\\s*([0-9a-f]+)$", status, re.M).group(1), 16))
@@ -278,7 +282,7 @@ def test_the_child_is_out_of_the_terminals_reach(launch: Launch, tmp_path: Path)
 def test_a_log_that_cannot_be_opened_is_reported_as_an_exception(forkserver: Any, tmp_path: Path) -> None:
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    child = children.spawn(make_task("ECHO"), "tests.sample_executors:Echo", {}, log_dir, context=forkserver)
+    child = executor_launch.spawn(make_task("ECHO"), "tests.sample_executors:Echo", {}, log_dir, context=forkserver)
     result = result_of(collect(child))  # the "log file" is a directory
     assert result["error_type"] == models.EXCEPTION
     assert result["error"].startswith("the executor process could not start: IsADirectoryError")
@@ -292,8 +296,8 @@ def test_a_log_that_cannot_be_opened_is_reported_as_an_exception(forkserver: Any
 def test_os_exit_leaves_no_result_and_its_exit_code(launch: Launch) -> None:
     child = launch("ExitAbruptly")
     assert collect(child) == []
-    assert child.exitcode == 3 and children.describe_exit(child.exitcode) == "exit code 3"
-    assert children.tail(child.log_path, 3).endswith("about to exit abruptly")
+    assert child.exitcode == 3 and executor_processes.describe_exit(child.exitcode) == "exit code 3"
+    assert tasklog.tail(child.log_path, 3).endswith("about to exit abruptly")
 
 
 def test_sigkill_gives_a_negative_exit_code(launch: Launch, tmp_path: Path) -> None:
@@ -302,20 +306,20 @@ def test_sigkill_gives_a_negative_exit_code(launch: Launch, tmp_path: Path) -> N
     wait_for(ready.exists)
     os.kill(child.pid, signal.SIGKILL)
     assert collect(child) == []
-    assert child.exitcode == -signal.SIGKILL and children.describe_exit(child.exitcode) == "killed by SIGKILL"
+    assert child.exitcode == -signal.SIGKILL and executor_processes.describe_exit(child.exitcode) == "killed by SIGKILL"
 
 
 def test_a_segfault_gives_sigsegv_and_a_python_traceback_in_the_log(launch: Launch) -> None:
     child = launch("Segfault")
     assert collect(child) == []
-    assert children.describe_exit(child.exitcode) == "killed by SIGSEGV"
+    assert executor_processes.describe_exit(child.exitcode) == "killed by SIGSEGV"
     assert "Fatal Python error: Segmentation fault" in child.log_path.read_text()
 
 
 # --- pause and resume -------------------------------------------------------------------------------
 
 
-def counter(launch: Launch, tmp_path: Path, n: int = 1_000_000) -> tuple[children.ExecutorProcess, Path, Path]:
+def counter(launch: Launch, tmp_path: Path, n: int = 1_000_000) -> tuple[executor_processes.ExecutorProcess, Path, Path]:
     count, state = tmp_path / "count", tmp_path / "state"
     child = launch("Counter", {"n": n, "step": 0.001, "count_file": str(count), "state_file": str(state)})
     return child, count, state
@@ -482,7 +486,7 @@ def test_cancel_wakes_a_self_paused_task(launch: Launch) -> None:
     assert result_of(collect(child))["error_type"] == models.CANCELLED
 
 
-def grandparent(launch: Launch, tmp_path: Path, **payload: Any) -> tuple[children.ExecutorProcess, int]:
+def grandparent(launch: Launch, tmp_path: Path, **payload: Any) -> tuple[executor_processes.ExecutorProcess, int]:
     pid_file = tmp_path / "grandchild.pid"
     child = launch("Grandparent", {"pid_file": str(pid_file), **payload})
     grandchild = int(str(wait_for(lambda: read(pid_file))))
@@ -494,7 +498,7 @@ def test_terminate_tree_ends_the_child_and_its_grandchild(launch: Launch, tmp_pa
     child, grandchild = grandparent(launch, tmp_path)
     try:
         child.request_cancel()  # ignored by this executor
-        child.terminate_tree()
+        child.terminate_attempt()
         assert collect(child) == []
         assert child.exitcode == -signal.SIGTERM
         wait_for(lambda: gone(grandchild))
@@ -506,8 +510,8 @@ def test_terminate_tree_ends_the_child_and_its_grandchild(launch: Launch, tmp_pa
 def test_kill_tree_ends_a_tree_that_ignores_sigterm(launch: Launch, tmp_path: Path) -> None:
     child, grandchild = grandparent(launch, tmp_path, ignore_sigterm=True)
     try:
-        child.terminate_tree()  # ignored by both (SIG_IGN survives exec)
-        child.kill_tree()
+        child.terminate_attempt()  # ignored by both (SIG_IGN survives exec)
+        child.kill_attempt()
         assert collect(child) == []
         assert child.exitcode == -signal.SIGKILL
         wait_for(lambda: gone(grandchild))
@@ -524,7 +528,7 @@ def test_find_leftover_recognises_a_process_only_by_pid_and_start_time(launch: L
     found = processes.find_leftover(child.pid, child.create_time)
     assert found is not None and found.pid == child.pid
     assert processes.find_leftover(child.pid, child.create_time - 5) is None  # a reused pid
-    child.kill_tree()
+    child.kill_attempt()
     collect(child)
     wait_for(lambda: processes.find_leftover(child.pid, child.create_time or 0) is None)
     assert processes.find_leftover(2**22 + 12345, 0.0) is None  # beyond pid_max: never a process
@@ -586,31 +590,31 @@ def test_execute_result_ok() -> None:
 
 
 def test_describe_exit() -> None:
-    assert children.describe_exit(0) == "exit code 0"
-    assert children.describe_exit(-signal.SIGTERM) == "killed by SIGTERM"
-    assert children.describe_exit(-200) == "killed by signal 200"
-    assert children.describe_exit(None) == "still running"
+    assert executor_processes.describe_exit(0) == "exit code 0"
+    assert executor_processes.describe_exit(-signal.SIGTERM) == "killed by SIGTERM"
+    assert executor_processes.describe_exit(-200) == "killed by signal 200"
+    assert executor_processes.describe_exit(None) == "still running"
 
 
 def test_tail_reads_the_last_lines_from_the_end(tmp_path: Path) -> None:
     log = tmp_path / "task.log"
-    assert children.tail(log) == ""
+    assert tasklog.tail(log) == ""
     log.write_text("".join(f"line {i} {'x' * 100}\n" for i in range(5000)))
-    last = children.tail(log, 3).splitlines()
+    last = tasklog.tail(log, 3).splitlines()
     assert [line.split()[1] for line in last] == ["4997", "4998", "4999"]
-    assert len(children.tail(log, 20).splitlines()) == 20
-    assert len(children.tail(log, 10_000, max_bytes=4096)) <= 4096
+    assert len(tasklog.tail(log, 20).splitlines()) == 20
+    assert len(tasklog.tail(log, 10_000, max_bytes=4096)) <= 4096
 
 
 def test_fork_is_refused() -> None:
     with pytest.raises(ValueError, match="forkserver, spawn"):
-        children.make_context("fork")
+        executor_processes.make_context("fork")
 
 
 # --- processes started ahead of their task, and processes that run several attempts -------------
 
 
-def read_until(child: children.ExecutorProcess, kind: str = "result") -> list[dict[str, Any]]:
+def read_until(child: executor_processes.ExecutorProcess, kind: str = "result") -> list[dict[str, Any]]:
     """Messages up to and including the next of type `kind`, for a process that goes on afterwards."""
     seen: list[dict[str, Any]] = []
     next_message(child, kind, seen)
@@ -619,10 +623,11 @@ def read_until(child: children.ExecutorProcess, kind: str = "result") -> list[di
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_an_idle_process_runs_the_one_task_it_is_given(tmp_path: Path, start_method: str) -> None:
-    process = children.start_process(children.make_context(start_method))
+    process = executor_processes.start_process(executor_processes.make_context(start_method))
     assert process.is_alive()
     pid, create_time = process.pid, process.create_time
-    child = process.assign(make_task("ECHO", {"b": 2}), "tests.sample_executors:Echo", {}, tmp_path / "t.log", last=True)
+    process.assign(make_task("ECHO", {"b": 2}), "tests.sample_executors:Echo", {}, tmp_path / "t.log", last=True)
+    child = process
     try:
         # The same process, recognisable later by pid and start time like any executor.
         assert (child.pid, child.create_time) == (pid, create_time)
@@ -634,7 +639,7 @@ def test_an_idle_process_runs_the_one_task_it_is_given(tmp_path: Path, start_met
 
 
 def test_a_dismissed_idle_process_exits_without_running_anything(tmp_path: Path, forkserver: Any) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     pid = process.pid
     process.dismiss()
     assert not process.is_alive() and process.exitcode == 0
@@ -642,9 +647,10 @@ def test_a_dismissed_idle_process_exits_without_running_anything(tmp_path: Path,
 
 
 def test_an_idle_process_can_be_paused_and_cancelled_like_any_executor(tmp_path: Path, forkserver: Any) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
-    child = process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "t.log", last=True)
+    process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "t.log", last=True)
+    child = process
     try:
         wait_for(lambda: (tmp_path / "c").exists())
         child.pause()
@@ -656,7 +662,7 @@ def test_an_idle_process_can_be_paused_and_cancelled_like_any_executor(tmp_path:
 
 
 def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_path: Path, forkserver: Any) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     try:
         logs = [tmp_path / f"{n}.log" for n in range(3)]
         results = []
@@ -684,7 +690,7 @@ def test_a_process_runs_attempts_one_after_another_and_exits_after_its_last(tmp_
     "how", ["detach", "wrap_buffer", "unflushed", "root_logging", "root_level", "handler_level", "reconfigure"]
 )
 def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path, forkserver: Any, how: str) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     try:
         first, second = make_task("STREAMS", {"how": how}, id="first"), make_task("STREAMS", id="second")
         process.assign(first, "tests.sample_executors:Streams", {}, tmp_path / "first.log", last=False)
@@ -702,7 +708,7 @@ def test_what_an_attempt_does_to_the_output_streams_stays_with_it(tmp_path: Path
 
 
 def test_commands_an_attempt_never_read_do_not_fill_its_launchers_control_pipe(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     for n in range(2):
         # Echo never looks at its Events, so its fork never reads the commands sent to it.
@@ -715,7 +721,7 @@ def test_commands_an_attempt_never_read_do_not_fill_its_launchers_control_pipe(
         assert pipe_bytes(launcher.control) == 0
 
 
-def pause_then_cancel_a_counter(process: children.ExecutorProcess, tmp_path: Path) -> None:
+def pause_then_cancel_a_counter(process: executor_processes.ExecutorProcess, tmp_path: Path) -> None:
     """Give `process` a counting attempt, pause it once it counts, then cancel it."""
     payload = {"n": 100_000, "step": 0.002, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
     process.assign(make_task("COUNT", payload), "tests.sample_executors:Counter", {}, tmp_path / "a.log", last=False)
@@ -726,7 +732,7 @@ def pause_then_cancel_a_counter(process: children.ExecutorProcess, tmp_path: Pat
 
 
 def test_a_cancel_or_a_pause_of_one_attempt_does_not_reach_the_next(tmp_path: Path, forkserver: Any) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     try:
         pause_then_cancel_a_counter(process, tmp_path)
         assert result_of(read_until(process))["error_type"] == "CANCELLED"
@@ -738,7 +744,7 @@ def test_a_cancel_or_a_pause_of_one_attempt_does_not_reach_the_next(tmp_path: Pa
 
 
 def test_a_thread_an_attempt_left_behind_cannot_report_for_the_next(tmp_path: Path, forkserver: Any) -> None:
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     try:
         ref = "tests.sample_executors:LeaveReporter"
         process.assign(make_task("LEAVE_REPORTER"), ref, {}, tmp_path / "a.log", last=False)
@@ -756,7 +762,7 @@ def test_a_thread_an_attempt_left_behind_cannot_report_for_the_next(tmp_path: Pa
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_method: str) -> None:
-    launcher = children.start_process(children.make_context(start_method), fork_each=True)
+    launcher = executor_processes.start_process(executor_processes.make_context(start_method), "fresh")
     try:
         pids = []
         for n in range(3):
@@ -779,7 +785,7 @@ def test_a_launcher_runs_each_attempt_in_a_fresh_fork(tmp_path: Path, start_meth
         launcher.close()
 
 
-def test_nothing_a_forked_attempt_started_outlives_it(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+def test_nothing_a_forked_attempt_started_outlives_it(tmp_path: Path, launcher: executor_processes.ExecutorProcess) -> None:
     pid_file = tmp_path / "pids"
     launcher.assign(make_task("LEAVE", {"pid_file": str(pid_file)}), "tests.sample_executors:LeavesProcesses",
                     {}, tmp_path / "a.log", last=False)
@@ -796,7 +802,7 @@ def test_nothing_a_forked_attempt_started_outlives_it(tmp_path: Path, launcher: 
 def test_a_reused_process_keeps_what_its_attempts_started_until_it_exits(tmp_path: Path, forkserver: Any) -> None:
     # As with its threads and module state: an executor may keep helpers (a process pool) for
     # its next attempts. Nothing outlives the process itself, not even what detached itself.
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     pid_file = tmp_path / "pids"
     try:
         process.assign(make_task("LEAVE", {"pid_file": str(pid_file)}), "tests.sample_executors:LeavesProcesses",
@@ -839,7 +845,7 @@ def test_a_command_an_attempt_starts_inherits_only_stdin_stdout_and_stderr(
 ) -> None:
     # What the executor process got from multiprocessing (the fork server's pipes, the resource
     # tracker's) must not reach a command started without close_fds, as os.system starts them.
-    process = children.start_process(forkserver, fork_each=fork_each)
+    process = executor_processes.start_process(forkserver, "fresh" if fork_each else "reused")
     try:
         process.assign(make_task("FDS"), "tests.sample_executors:InheritedFds", {}, tmp_path / "a.log", last=False)
         assert result_of(read_until(process))["result"] == {"fds": [0, 1, 2]}
@@ -848,7 +854,7 @@ def test_a_command_an_attempt_starts_inherits_only_stdin_stdout_and_stderr(
 
 
 def test_what_a_crashed_attempt_left_running_is_ended_before_the_next_attempt(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     # The worker of a fork that died holds the status pipe every later fork of the launcher
     # writes on: left running, it could report progress or a pause as the next task's.
@@ -872,17 +878,17 @@ def test_a_reaped_process_is_not_alive_before_the_fork_server_closes_its_sentine
 ) -> None:
     # Reaping reads the exit status out of a fork-server child's sentinel, which is readable
     # again only once the fork server has closed its end: under load, a while later.
-    process = children.start_process(forkserver)
+    process = executor_processes.start_process(forkserver)
     try:
         process.process.kill()
         assert process.reap(10) == -signal.SIGKILL
-        monkeypatch.setattr(children.channel, "poll_now", lambda fd: 0)  # not closed yet
+        monkeypatch.setattr(executor_processes.channel, "poll_now", lambda fd: 0)  # not closed yet
         assert not process.is_alive() and process.exitcode == -signal.SIGKILL
     finally:
         process.close()
 
 
-def test_a_launcher_with_no_waiting_fork_names_no_process_for_an_attempt(launcher: children.ExecutorProcess) -> None:
+def test_a_launcher_with_no_waiting_fork_names_no_process_for_an_attempt(launcher: executor_processes.ExecutorProcess) -> None:
     # Recording the launcher itself as the attempt's process would have a stop end the launcher.
     waiting = launcher.attempt_pid
     assert launcher.next_attempt_process()[0] == waiting != launcher.pid
@@ -893,7 +899,7 @@ def test_a_launcher_with_no_waiting_fork_names_no_process_for_an_attempt(launche
 
 
 def test_a_result_nested_too_deeply_is_an_error_and_the_launcher_goes_on(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     launcher.assign(make_task("DEEP"), "tests.sample_executors:DeepResult", {}, tmp_path / "a.log", last=False)
     messages = read_until(launcher, "exited")
@@ -905,7 +911,7 @@ def test_a_result_nested_too_deeply_is_an_error_and_the_launcher_goes_on(
 
 
 def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     """Only the launcher's own pipe says a fork has exited: an "exited" report the attempt writes
     on its status channel is one more message (the supervisor logs it as unknown), no exit."""
@@ -921,7 +927,7 @@ def test_an_attempt_cannot_report_its_own_exit_for_its_launcher(
 
 
 def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     launcher.assign(make_task("EXIT", {"code": 3}), "tests.sample_executors:ExitAbruptly", {}, tmp_path / "a.log",
                     last=False)
@@ -936,7 +942,7 @@ def test_an_attempt_that_crashes_leaves_its_launcher_ready_for_the_next(
 
 
 def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     pause_then_cancel_a_counter(launcher, tmp_path)
     messages = read_until(launcher, "exited")
@@ -948,8 +954,8 @@ def test_a_launchers_attempt_is_paused_cancelled_and_killed_by_its_own_tree(
     wait_for(ready.exists)
     attempt = int(ready.read_text())
     assert attempt == launcher.attempt_process[0]
-    launcher.terminate_tree()
-    launcher.kill_tree()
+    launcher.terminate_attempt()
+    launcher.kill_attempt()
     assert read_until(launcher, "exited")[-1]["exitcode"] == -signal.SIGKILL
     assert gone(attempt) and launcher.is_alive()
 
@@ -958,7 +964,7 @@ def test_a_fork_that_dies_while_its_task_is_on_the_way_ends_its_launcher(tmp_pat
     """The waiting fork reads its task from the assignment pipe itself. If it dies before it has
     read all of it, no later fork may read the rest as a task of its own: the launcher ends, and
     the supervisor's write fails rather than hangs."""
-    launcher = children.start_process(forkserver, fork_each=True)
+    launcher = executor_processes.start_process(forkserver, "fresh")
     waiting = launcher.attempt_pid
     assert waiting is not None
     upstream = {"big": "x" * 1_000_000}  # far more than the pipe holds: the write waits for a reader
@@ -1002,8 +1008,8 @@ def pipe_bytes(connection: Any) -> int:
 def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
     tmp_path: Path, forkserver: Any, fork_each: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(children, "SEND_STALL", 0.2)
-    process = children.start_process(forkserver, fork_each=fork_each)
+    monkeypatch.setattr(executor_processes.base, "SEND_STALL", 0.2)
+    process = executor_processes.start_process(forkserver, "fresh" if fork_each else "reused")
     reader = process.attempt_pid if fork_each else process.pid
     assert reader is not None
     os.kill(reader, signal.SIGSTOP)  # stopped before it reads: a debugger, a frozen cgroup
@@ -1029,7 +1035,7 @@ def test_a_process_that_reads_none_of_its_task_cannot_hang_the_sender(
         process.close()
 
 
-def test_an_attempt_dies_with_its_launcher(tmp_path: Path, launcher: children.ExecutorProcess) -> None:
+def test_an_attempt_dies_with_its_launcher(tmp_path: Path, launcher: executor_processes.ExecutorProcess) -> None:
     ready = tmp_path / "ready"
     launcher.assign(make_task("HANG", {"ready_file": str(ready)}), "tests.sample_executors:Hang", {},
                     tmp_path / "a.log", last=False)
@@ -1041,7 +1047,7 @@ def test_an_attempt_dies_with_its_launcher(tmp_path: Path, launcher: children.Ex
 
 
 def test_a_command_an_executor_started_dies_with_the_executors_process(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     # The command leads a process group of its own, which the fork's death does not reach; only
     # PR_SET_PDEATHSIG, set between its fork and its exec, ends it.
@@ -1056,7 +1062,7 @@ def test_a_command_an_executor_started_dies_with_the_executors_process(
 
 
 def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     """With Events shared across a launcher's forks, a fork killed while waiting on one left a
     waiter that never wakes, and the supervisor's next cancel blocked forever."""
@@ -1081,7 +1087,7 @@ def test_steering_still_works_after_an_attempt_died_waiting_on_its_events(
 
 
 def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
-    tmp_path: Path, launcher: children.ExecutorProcess
+    tmp_path: Path, launcher: executor_processes.ExecutorProcess
 ) -> None:
     launcher.assign(make_task("BIG_RESULT", {"size": 1_000_000}), "tests.sample_executors:BigResult", {},
                     tmp_path / "a.log", last=False)
@@ -1097,7 +1103,7 @@ def test_an_attempt_killed_half_way_through_a_message_does_not_garble_the_next(
 
 @pytest.mark.parametrize("fork_each", [True, False])
 def test_an_attempts_log_is_whole_before_its_result_is_sent(tmp_path: Path, forkserver: Any, fork_each: bool) -> None:
-    process = children.start_process(forkserver, fork_each=fork_each)
+    process = executor_processes.start_process(forkserver, "fresh" if fork_each else "reused")
     try:
         for n in range(10):
             log_path = tmp_path / f"{n}.log"

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from daemon import faults, recovery
+from daemon.engine.attempt import Phase
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
 from daemon.store import db, restarts, tasks
@@ -123,7 +124,7 @@ def test_a_request_in_the_tick_that_meets_the_fault_is_refused_and_did_nothing(
         sup.submit([parse_spec({"type": "GATED", "payload": {"pad": "y" * 100_000}})])
     wait_for(lambda: sup.database_faults == 1)  # the refusal may reach us before the loop counts
     rt = sup.running[counting]
-    assert rt.stop_requested_at is None and rt.paused_since is None
+    assert rt.phase is Phase.RUNNING and rt.stop_reason is None and rt.paused_since is None
     cap_the_database(sup, NO_LIMIT)
     wait_for(lambda: sup.fault is None)
     (tmp_path / "a.gate").touch()

@@ -12,7 +12,7 @@ import structlog
 
 from daemon import messages
 from daemon.models import TaskStatus
-from daemon.running import RunningTask
+from daemon.engine.attempt import Attempt, Phase
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from executors.base import ExecuteResult
@@ -26,18 +26,18 @@ class RecordingChild:
     def __init__(self) -> None:
         self.commands: list[str] = []
 
-    def resume(self) -> None:
+    def resume(self, token: str | None = None) -> None:
         self.commands.append("resume")
 
 
-def running_task(tmp_path: Path) -> tuple[Any, RunningTask]:
+def running_task(tmp_path: Path) -> tuple[Any, Attempt]:
     conn = db.open_database(tmp_path / "fredica.db")
     tasks.submit(conn, [parse_spec({"type": "ECHO"})], now=T0)
     claimed = tasks.claim_next(conn, T0)
     assert claimed is not None
     started = tasks.start(conn, claimed.id, now=T0, known=claimed)
     # The loop applies the messages: they touch the executor process only to resume it.
-    return conn, RunningTask(task=started, child=RecordingChild(), executor=None, started_at=T0,  # type: ignore[arg-type]
+    return conn, Attempt(task=started, process=RecordingChild(), executor=None, started_at=T0, phase=Phase.RUNNING,  # type: ignore[arg-type]
                              pausable=True)
 
 
@@ -65,7 +65,7 @@ def test_an_unknown_message_is_logged_and_changes_nothing(tmp_path: Path) -> Non
     with structlog.testing.capture_logs() as events:
         messages.apply(rt, {"type": "exited", "exitcode": 0}, T0 + 1)  # only a launcher's pipe says that
     assert [(e["event"], e["kind"]) for e in events] == [("unknown_executor_message", "exited")]
-    assert rt.result is None and rt.attempt_exitcode is None and not rt.mirror_dirty
+    assert rt.result is None and rt.exitcode is None and not rt.mirror_dirty
 
 
 def test_a_pause_taken_before_the_executor_said_it_is_not_pausable_is_undone(tmp_path: Path) -> None:
@@ -75,11 +75,11 @@ def test_a_pause_taken_before_the_executor_said_it_is_not_pausable_is_undone(tmp
     rt.note_paused(T0 + 1, "user")  # as the supervisor records a user's pause
     messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 3)
     assert not rt.pausable and rt.paused_since is None and rt.mirror_dirty
-    assert rt.child.commands == ["resume"] and rt.paused_seconds == 2  # type: ignore[attr-defined]
+    assert rt.process.commands == ["resume"] and rt.paused_seconds == 2  # type: ignore[attr-defined]
     messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 4)  # not paused: nothing to undo
-    assert rt.child.commands == ["resume"]  # type: ignore[attr-defined]
+    assert rt.process.commands == ["resume"]  # type: ignore[attr-defined]
     # A pause the executor asked for itself is its own business, pausable or not.
     messages.apply(rt, {"type": "pause_request", "reason": "disk full"}, T0 + 5)
     messages.apply(rt, {"type": "pausable", "pausable": False}, T0 + 6)
-    assert rt.child.commands == ["resume"] and rt.paused_by == "executor"  # type: ignore[attr-defined]
+    assert rt.process.commands == ["resume"] and rt.paused_by == "executor"  # type: ignore[attr-defined]
     assert rt.paused_since == T0 + 5

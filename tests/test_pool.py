@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from daemon import children, pipes, pool
+from daemon import pipes, pool
+from daemon.engine import executor_processes
 from tests.conftest import make_task, wait_for
 from tests.media import gone
 from tests.daemon_harness import Daemon
@@ -37,8 +38,8 @@ class SteppedClock:
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> children.ExecutorContext:
-    return children.make_context("forkserver")
+def forkserver() -> executor_processes.ExecutorContext:
+    return executor_processes.make_context("forkserver")
 
 
 @pytest.fixture
@@ -48,22 +49,22 @@ def clock() -> SteppedClock:
 
 @pytest.fixture
 def make_pool(
-    forkserver: children.ExecutorContext, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    forkserver: executor_processes.ExecutorContext, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., pool.IdleProcesses]]:
     """Pools of launchers on the stepped clock; at the end every process they started is ended,
     stopped ones included."""
     made: list[pool.IdleProcesses] = []
-    started: list[children.ExecutorProcess] = []
-    start_process = children.start_process
+    started: list[executor_processes.ExecutorProcess] = []
+    start_process = executor_processes.start_process
 
-    def recording_start(*args: Any, **kwargs: Any) -> children.ExecutorProcess:
+    def recording_start(*args: Any, **kwargs: Any) -> executor_processes.ExecutorProcess:
         started.append(start_process(*args, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(children, "start_process", recording_start)
+    monkeypatch.setattr(executor_processes, "start_process", recording_start)
 
     def make(**options: Any) -> pool.IdleProcesses:
-        settings: dict[str, Any] = dict(warm_spare=True, launchers=True, settle_timeout=60, slots=2,
+        settings: dict[str, Any] = dict(warm_spare=True, spare_kind="fresh", settle_timeout=60, slots=2,
                                         idle_timeout=60, monotonic=clock)
         settings.update(options)
         made.append(pool.IdleProcesses(forkserver, **settings))
@@ -82,7 +83,7 @@ def make_pool(
         process.close()
 
 
-def run_an_attempt(process: children.ExecutorProcess, tmp_path: Path, *, launcher_stopped: bool = False) -> None:
+def run_an_attempt(process: executor_processes.ExecutorProcess, tmp_path: Path, *, launcher_stopped: bool = False) -> None:
     """Give a launcher an attempt and wait for its result, read off the status channel alone: the
     launcher's report of the fork's exit is left unread, as it is when the supervisor puts a
     launcher back. `launcher_stopped`: the launcher is SIGSTOPped first, so that it cannot report."""
@@ -103,14 +104,14 @@ def test_a_launcher_that_reported_while_idle_is_the_spare_however_long_ago(
     # pool judged it by a flag only reading that pipe clears. Past SETTLE_WAIT, a launcher that
     # had reported long ago looked stuck, and a new spare was started beside it, tick after tick.
     idle = make_pool(slots=1)
-    launcher = idle.take(launcher=True)
+    launcher = idle.take("fresh")
     run_an_attempt(launcher, tmp_path)
     idle.put_back(launcher)
     assert launcher.reports is not None and pipes.ready([launcher.reports], 10)  # reported, not read
     clock.step(1.0)  # long past SETTLE_WAIT
     idle.tick(0.0)
     assert list(idle) == [launcher]  # it is the spare: none started beside it
-    assert idle.take(launcher=True) is launcher
+    assert idle.take("fresh") is launcher
 
 
 def test_idle_and_busy_processes_never_outnumber_the_slots_plus_the_spare(
@@ -119,14 +120,14 @@ def test_idle_and_busy_processes_never_outnumber_the_slots_plus_the_spare(
 ) -> None:
     monkeypatch.setattr(pool, "BOUND_WAIT", 0.05)  # no report can come: the launchers are stopped
     idle = make_pool(slots=2)
-    first, second = idle.take(launcher=True), idle.take(launcher=True)  # both slots busy
+    first, second = idle.take("fresh"), idle.take("fresh")  # both slots busy
     idle.tick(0.0)
     (spare,) = idle
     # The first slot's attempt ends, and its launcher cannot report (stopped): not settled.
     run_an_attempt(first, tmp_path, launcher_stopped=True)
     idle.put_back(first)
     clock.step(1.0)
-    assert idle.take(launcher=True) is spare  # the next task in that slot
+    assert idle.take("fresh") is spare  # the next task in that slot
     idle.tick(0.0)
     # Three processes already (two busy, one idle): no spare beside the one slow to report.
     assert list(idle) == [first]
@@ -135,7 +136,7 @@ def test_idle_and_busy_processes_never_outnumber_the_slots_plus_the_spare(
     run_an_attempt(second, tmp_path, launcher_stopped=True)
     idle.put_back(second)
     clock.step(1.0)
-    third = idle.take(launcher=True)
+    third = idle.take("fresh")
     assert third not in (first, second, spare) and third.is_alive()
     assert gone(first.pid) and list(idle) == [second]  # busy: spare, third; idle: second
 
@@ -144,7 +145,7 @@ def test_processes_idle_for_longer_than_the_timeout_exit_and_the_spare_is_renewe
     make_pool: Callable[..., pool.IdleProcesses], tmp_path: Path
 ) -> None:
     idle = make_pool(slots=2, idle_timeout=60)
-    busy = [idle.take(launcher=True), idle.take(launcher=True)]
+    busy = [idle.take("fresh"), idle.take("fresh")]
     idle.tick(0.0)
     (spare,) = idle
     for process in busy:
@@ -167,7 +168,7 @@ def test_without_a_warm_spare_no_idle_process_is_left_after_the_timeout(
     make_pool: Callable[..., pool.IdleProcesses], tmp_path: Path
 ) -> None:
     idle = make_pool(slots=1, warm_spare=False, idle_timeout=5)
-    launcher = idle.take(launcher=True)
+    launcher = idle.take("fresh")
     run_an_attempt(launcher, tmp_path)
     idle.put_back(launcher)
     idle.tick(0.0)
@@ -179,7 +180,7 @@ def test_without_a_warm_spare_no_idle_process_is_left_after_the_timeout(
 # --- the real daemon ------------------------------------------------------------------------------
 
 
-def executor_processes(daemon: Daemon) -> set[int]:
+def daemon_executor_pids(daemon: Daemon) -> set[int]:
     """The daemon's executor processes: the children of its fork server (a launcher's waiting
     fork is the launcher's child, not counted)."""
     assert daemon.process is not None
@@ -200,7 +201,7 @@ def test_the_daemon_never_keeps_more_executor_processes_than_slots_plus_the_spar
 
     def sample() -> None:
         while not done.is_set():
-            counts.append(len(executor_processes(d)))
+            counts.append(len(daemon_executor_pids(d)))
             done.wait(0.01)
 
     sampler = threading.Thread(target=sample)
@@ -213,7 +214,7 @@ def test_the_daemon_never_keeps_more_executor_processes_than_slots_plus_the_spar
         done.set()
         sampler.join()
     assert counts and max(counts) <= 3, max(counts)
-    assert len(executor_processes(d)) <= 3
+    assert len(daemon_executor_pids(d)) <= 3
 
 
 def test_the_daemons_idle_executor_processes_exit_after_the_timeout(daemons: Any, tmp_path: Path) -> None:
@@ -222,12 +223,12 @@ def test_the_daemons_idle_executor_processes_exit_after_the_timeout(daemons: Any
     ids = [d.submit("HANG", payload={"ready_file": str(path)}) for path in ready]
     wait_for(lambda: all(path.exists() for path in ready))
     busy = {psutil.Process(d.task(task_id)["executor_pid"]).ppid() for task_id in ids}  # their launchers
-    assert len(busy) == 4 and busy <= executor_processes(d)
+    assert len(busy) == 4 and busy <= daemon_executor_pids(d)
     for task_id in ids:
         d.data("cancel", id=task_id)
     for task_id in ids:
         d.wait_task(task_id, "cancelled")
     # Idle now, all five (the four and the spare), and each exits once idle for 0.5 s; a spare
     # is kept (renewed), nothing more.
-    wait_for(lambda: all(gone(pid) for pid in busy) and len(executor_processes(d)) <= 1, timeout=20)
+    wait_for(lambda: all(gone(pid) for pid in busy) and len(daemon_executor_pids(d)) <= 1, timeout=20)
     assert d.wait_task(d.submit("ECHO"), "completed")["status"] == "completed"

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import structlog
 
-from daemon import children, handoff, models, outcomes, pool, processes
+from daemon import handoff, models, outcomes, pool, processes
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, NotPausable, UnknownTask
 from daemon.handoff import LoopBusy
@@ -24,6 +24,7 @@ from daemon.models import Task, TaskStatus
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
+from daemon.engine import executor_processes
 from tests.conftest import make_task, wait_for
 
 EXECUTORS = {
@@ -625,7 +626,7 @@ def test_each_task_runs_in_a_fresh_fork_of_a_launcher_started_ahead_of_it(
 ) -> None:
     sup = make_supervisor(max_workers=1)
     spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
-    assert spare.fork_each
+    assert spare.kind == "fresh"
     waiting = spare.attempt_pid
     waiting_since = processes.start_time(waiting)
     first = wait_ended(sup, submit(sup, "STATE"))
@@ -659,9 +660,9 @@ def test_a_waiting_fork_that_dies_costs_no_task_an_attempt(make_supervisor: Call
 def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tmp_path: Path) -> None:
     from daemon import pool
 
-    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=True, settle_timeout=60,
+    idle = pool.IdleProcesses(executor_processes.make_context("forkserver"), warm_spare=True, spare_kind="fresh", settle_timeout=60,
                               slots=1, idle_timeout=3600)
-    launcher = idle.take(launcher=True)
+    launcher = idle.take("fresh")
     replacement = None
     try:
         launcher.assign(make_task("ECHO"), "tests.sample_executors:Echo", {}, tmp_path / "a.log", last=False)
@@ -672,7 +673,7 @@ def test_a_launcher_that_died_before_reporting_its_forks_exit_leaves_the_pool(tm
         launcher.reap(5)
         idle.tick(0.0)  # a dead launcher is not a spare, however recently put back
         assert launcher not in list(idle)  # found dead and closed, not kept forever
-        replacement = idle.take(launcher=True)
+        replacement = idle.take("fresh")
         assert replacement is not launcher and replacement.is_alive()
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -716,7 +717,7 @@ def test_a_task_that_cannot_be_handed_over_crashes_its_attempt(
     make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup = make_supervisor(max_workers=1)
-    calls = fail_first_call(monkeypatch, children.ExecutorProcess, "assign",
+    calls = fail_first_call(monkeypatch, executor_processes.ExecutorProcess, "assign",
                             OSError("the executor process read none of its task for 2 s"))
     task = wait_ended(sup, submit(sup, "ECHO", max_retries=1))
     # The process was ended rather than waited for; the retry ran in another one.
@@ -753,7 +754,7 @@ def test_without_a_warm_spare_no_process_is_started_before_a_task(make_superviso
     assert sup.call(lambda: list(sup.idle)) == []
     task = wait_ended(sup, submit(sup, "ECHO"))
     assert task.status is TaskStatus.COMPLETED
-    assert [p.fork_each for p in sup.call(lambda: list(sup.idle))] == [True]  # its launcher
+    assert [p.kind for p in sup.call(lambda: list(sup.idle))] == ["fresh"]  # its launcher
 
 
 # --- tasks_per_process > 1: processes that run several attempts ------------------------------------
@@ -786,12 +787,12 @@ def test_a_process_runs_up_to_tasks_per_process_attempts(make_supervisor: Callab
 def test_an_idle_launcher_does_not_count_as_the_spare_of_processes_that_run_several() -> None:
     # With tasks_per_process > 1 the spare is a plain process; a launcher a fresh-process task
     # left idle cannot take the next plain task.
-    idle = pool.IdleProcesses(children.make_context("forkserver"), warm_spare=True, launchers=False, settle_timeout=60,
+    idle = pool.IdleProcesses(executor_processes.make_context("forkserver"), warm_spare=True, spare_kind="reused", settle_timeout=60,
                               slots=1, idle_timeout=3600)
     try:
-        idle.put_back(children.start_process(children.make_context("forkserver"), fork_each=True))
+        idle.put_back(executor_processes.start_process(executor_processes.make_context("forkserver"), "fresh"))
         idle.tick(0.0)
-        assert sorted(p.fork_each for p in idle) == [False, True]
+        assert sorted(p.kind for p in idle) == ["fresh", "reused"]
     finally:
         idle.dismiss_all()
 

@@ -12,10 +12,12 @@ from typing import Any, Iterator
 import pytest
 from click.testing import CliRunner
 
-from daemon import children, cli, client
+from daemon import cli, client
 from executors import assignment, endpoint, tasklog
 from daemon.models import TaskStatus
 from daemon.supervisor import Supervisor
+from daemon.engine import executor_processes
+from tests import executor_launch
 from tests.conftest import make_task, wait_for
 from tests.test_supervisor import EXECUTORS, make_supervisor, submit, wait_ended  # noqa: F401 (a fixture)
 
@@ -25,12 +27,12 @@ LINE = re.compile(r"line (\d+) ")
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> children.ExecutorContext:
-    return children.make_context("forkserver")
+def forkserver() -> executor_processes.ExecutorContext:
+    return executor_processes.make_context("forkserver")
 
 
 def run_flood(forkserver: Any, log: Path, **payload: Any) -> None:
-    child = children.spawn(make_task("LOG_FLOOD", payload), "tests.sample_executors:LogFlood", {}, log,
+    child = executor_launch.spawn(make_task("LOG_FLOOD", payload), "tests.sample_executors:LogFlood", {}, log,
                            context=forkserver, limits=assignment.Limits(log_bytes=LIMIT))
     try:
         assert child.reap(30) == 0
@@ -84,7 +86,7 @@ def test_output_written_straight_to_the_log_is_bounded_while_the_attempt_runs(
     log, ready, hold = tmp_path / "task.log", tmp_path / "ready", tmp_path / "hold"
     task = make_task("LOG_FLOOD", {"n": 20_000, "width": 50, "direct": True, "ready_file": str(ready),
                                    "hold_file": str(hold)})
-    child = children.start_process(forkserver, fork_each=fork_each)
+    child = executor_processes.start_process(forkserver, "fresh" if fork_each else "reused")
     try:
         child.assign(task, "tests.sample_executors:LogFlood", {}, log, last=not fork_each,
                      limits=assignment.Limits(log_bytes=LIMIT))

@@ -15,8 +15,9 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from daemon import children, models
+from daemon import models
 from daemon.models import TaskStatus
+from daemon.engine import executor_processes
 from executors import transcode
 from executors.base import ExecuteResult, TaskContext
 from tests import media
@@ -302,7 +303,7 @@ def ffmpegs_of(pid: int) -> list[int]:
 
 def one_transcode_waiting_for_another(
     launcher: media.Launcher, clip: Path, tmp_path: Path
-) -> tuple[Path, children.ExecutorProcess, children.ExecutorProcess]:
+) -> tuple[Path, executor_processes.ExecutorProcess, executor_processes.ExecutorProcess]:
     """Two transcodes to one output: the first running ffmpeg, the second paused, waiting for it."""
     output = tmp_path / "clip.mp4"
     payload = {"input": str(clip), "output": str(output), "input_args": ["-re"]}
@@ -331,6 +332,6 @@ def test_a_transcode_whose_process_was_killed_leaves_no_stale_lock(
     launcher: media.Launcher, clip: Path, tmp_path: Path
 ) -> None:
     output, first, second = one_transcode_waiting_for_another(launcher, clip, tmp_path)
-    first.kill_tree()  # SIGKILL: the lock goes with its process
+    first.kill_attempt()  # SIGKILL: the lock goes with its process
     launcher.wait_message(second, lambda m: m["type"] == "resume_request")
     assert launcher.finish(second)["error"] is None and codec_of(output) == "h264"

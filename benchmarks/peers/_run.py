@@ -236,10 +236,10 @@ class Fredica:
 def preload_stamp() -> None:
     """Have the fork server preload W2's executor module too, as the daemon preloads the modules of
     its registered executors (only the first Supervisor's context starts the server, with Noop's)."""
-    from daemon import children
+    from daemon.engine.executor_processes import base as executor_processes
 
-    if "benchmarks.peers.fredica_tasks" not in children.FORKSERVER_PRELOAD:
-        children.FORKSERVER_PRELOAD = [*children.FORKSERVER_PRELOAD, "benchmarks.peers.fredica_tasks"]
+    if "benchmarks.peers.fredica_tasks" not in executor_processes.FORKSERVER_PRELOAD:
+        executor_processes.FORKSERVER_PRELOAD = [*executor_processes.FORKSERVER_PRELOAD, "benchmarks.peers.fredica_tasks"]
 
 
 # --- Huey -----------------------------------------------------------------------------------------

@@ -1,13 +1,9 @@
-"""Executor subprocesses: start them, hand them attempts, steer them, end their process trees.
+"""What every kind of executor process has: its pipes, its exit, its steering, its process tree.
 
-By default every attempt of every task runs in a fresh process, so killing one task's process never
-touches another task: a fork of a launcher, a long-lived executor process that never runs executor
-code itself (`tasks_per_process` > 1 instead lets a process run several attempts, one at a time).
-Launchers and those processes are started with the "forkserver" method by default: each is a fork
-of a small, warm server that has already imported the executor machinery, which is much faster than
-"spawn" while still never forking the supervisor itself (its threads, sockets and SQLite
-connection). "fork" is refused for that reason, and because a forked child would inherit every
-other task's pipes.
+The supervisor's loop talks to this interface only; each kind (a launcher that forks a fresh
+process per attempt, a process reused for several attempts) fills in how an attempt's process is
+named and recorded (`next_attempt_process`, `_root`), how its end is learnt (`_attempt_exit`) and
+whether it takes another attempt (`takes_another`).
 
 Processes are found again by pid *and* start time (daemon/processes.py), so a reused pid is never
 mistaken for an executor.
@@ -20,20 +16,20 @@ import multiprocessing
 import os
 import pickle
 import signal
-import time
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, NamedTuple, Sequence
 
 import psutil
 import structlog
 
 from daemon import paths, pipes, processes
-from executors import assignment, channel, endpoint, steering
+from executors import assignment, channel, steering
 
 if TYPE_CHECKING:
+    from daemon.engine.attempt import Attempt
     from daemon.models import Task
 
 START_METHODS = ("forkserver", "spawn")
@@ -72,25 +68,22 @@ def make_context(start_method: str = "forkserver", preload: Sequence[str] = ()) 
 
 
 class Drained(NamedTuple):
-    """What one `ExecutorProcess.drain` read: the attempt's messages, whether more may come, and,
-    for a launcher, the exit status of the attempt's fork once the launcher has reported it."""
+    """What one `ExecutorProcess.drain` read: the attempt's messages, whether more may come, and
+    the exit status of the attempt's process once it has exited (a launcher's fork, as the
+    launcher reported it, or the executor process itself) and all it wrote has been read."""
 
     messages: list[dict[str, Any]]
     open: bool
-    fork_exitcode: int | None = None  # None: no report (yet, or not a launcher)
+    exitcode: int | None = None  # None: still running, or not all of it read yet
 
 
 @dataclasses.dataclass(eq=False)
 class ExecutorProcess:
     """One executor process: its pipes (assignments and control commands in, status out) and its
-    current attempt.
+    current attempt. Started idle (`start_process`), waiting on its assignment pipe, it is given
+    attempts one at a time."""
 
-    It is started idle (`start_process`), waiting on its assignment pipe, and is given attempts one
-    at a time. A launcher (`fork_each`) runs each in a fresh fork of itself, forked ahead of its
-    task, and reports on a pipe of its own ("forked", "exited"); the pid recorded for the task is
-    the fork's. Otherwise the process runs them itself: with `last=True` it exits after that
-    attempt, else it reports the result and waits for the next one (`tasks_per_process`).
-    """
+    kind: ClassVar[str] = ""  # "fresh" or "reused": what the pool keeps apart
 
     process: BaseProcess
     status: channel.StatusReader
@@ -98,11 +91,8 @@ class ExecutorProcess:
     pid: int
     create_time: float | None  # None if the child was gone before it could be looked at
     assignments: Connection | None  # our end of the pipe attempts are sent on; None after the last
-    reports: channel.StatusReader | None = None  # a launcher's own messages; None: not a launcher
-    attempt_pid: int | None = None  # a launcher's fork waiting for the next attempt
-    awaiting_report: bool = False  # a launcher whose last attempt's exit it has not reported yet
-    # The process running the current attempt, by pid and start time: the launcher's fork, or
-    # this process itself. Stop escalation signals its tree, never a launcher's.
+    # The process running the current attempt, by pid and start time: a launcher's fork, or this
+    # process itself. Stop escalation signals its tree, never a launcher's.
     attempt_process: tuple[int, float | None] | None = None
     task_id: str | None = None  # the attempt it runs or ran last
     log_path: Path | None = None
@@ -116,6 +106,43 @@ class ExecutorProcess:
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
+    # --- what each kind says --------------------------------------------------------------------
+
+    def next_attempt_process(self) -> tuple[int, float | None]:
+        """The pid and start time of the process the next attempt will run in, to record first."""
+        raise NotImplementedError
+
+    def takes_another(self, attempt: Attempt) -> bool:
+        """Whether, its `attempt` having reported, the process can be given another."""
+        raise NotImplementedError
+
+    def _root(self) -> psutil.Process | None:
+        """The root of the current attempt's process tree, if it is still there."""
+        raise NotImplementedError
+
+    def _attempt_exit(self) -> int | None:
+        """The attempt's exit status if its process has exited and reported it apart from its
+        status channel (a launcher's fork); None otherwise."""
+        return None
+
+    # Idle processes: whether one is ready for an attempt. Only a launcher can be on its way
+    # (reporting its last fork's exit), or be ending.
+    awaiting_report: bool = False
+    reports: channel.StatusReader | None = None
+
+    def settled(self) -> bool:
+        """Ready for an attempt once its last one's end is known (see the launcher's)."""
+        return True
+
+    @property
+    def ending(self) -> bool:
+        """Exiting of its own accord (see the launcher's)."""
+        return False
+
+    def usable(self) -> bool:
+        """Alive and able to take an attempt once settled."""
+        return self.is_alive()
+
     # --- attempts -------------------------------------------------------------------------------
 
     @property
@@ -123,17 +150,6 @@ class ExecutorProcess:
         """Names the current attempt in control commands: a command meant for an earlier attempt
         (the same task's, before a retry, included) can never steer this one."""
         return f"{self.task_id}#{self.attempts}"
-
-    def next_attempt_process(self) -> tuple[int, float | None]:
-        """The pid and start time of the process the next attempt will run in, to record first
-        (a launcher's waiting fork: its start is read from /proc, once per attempt). OSError for
-        a launcher with no waiting fork: recording the launcher instead would have a stop end
-        its whole tree."""
-        if not self.fork_each:
-            return self.pid, self.create_time
-        if self.attempt_pid is None:
-            raise OSError(f"executor launcher {self.pid} has no fork waiting for a task")
-        return self.attempt_pid, processes.start_time(self.attempt_pid)
 
     def assign(
         self,
@@ -145,8 +161,9 @@ class ExecutorProcess:
         last: bool,
         process: tuple[int, float | None] | None = None,
         limits: assignment.Limits = assignment.Limits(),
-    ) -> "ExecutorProcess":
-        """Send the process its next attempt; OSError if it has died or was given its last one.
+    ) -> str:
+        """Send the process its next attempt; the attempt's token. OSError if it has died or was
+        given its last one.
 
         `process`: what `next_attempt_process` told the caller, who recorded it (looked up if None).
         `limits`: what the attempt may leave; its status channel refuses longer messages.
@@ -158,17 +175,21 @@ class ExecutorProcess:
         self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
         self.task_id, self.log_path, self.last = task.id, log_path, last
         self.attempt_process = process if process is not None else self.next_attempt_process()
-        self.awaiting_report = self.fork_each
+        self._assigned()
         self.attempts += 1
         self.status.max_message = channel.frame_limit(limits.result_bytes)
-        message = assignment.Assignment(task, executor_ref, dict(upstream), str(log_path), self.attempt_token, last, limits)
+        token = self.attempt_token
+        message = assignment.Assignment(task, executor_ref, dict(upstream), str(log_path), token, last, limits)
         try:
             pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:
             if last:
                 self.assignments.close()
                 self.assignments = None
-        return self
+        return token
+
+    def _assigned(self) -> None:
+        """What a kind notes when an attempt is sent."""
 
     def dismiss(self, timeout: float = 2.0) -> None:
         """End an idle process: it exits when its assignment pipe closes (killed if it does not)."""
@@ -182,71 +203,42 @@ class ExecutorProcess:
 
     # --- the status channel ---------------------------------------------------------------------
 
-    @property
-    def fork_each(self) -> bool:
-        """A launcher: each attempt runs in a fresh fork of it."""
-        return self.reports is not None
-
     def drain(self, limit: int | None = None, *, check_exit: bool = True) -> Drained:
         """Read up to `limit` messages (all available if None) without blocking; never raises.
 
-        Once the child has exited and its messages are read, the channel counts as closed even if
-        a descendant inherited its end of the pipe: nothing the child wrote can still be missing.
-        A launcher's report of its fork's exit comes on a pipe of its own, which no attempt can
-        write: an "exited" message on the status channel is the attempt's, and no exit. `check_exit`
-        False skips asking whether the process has exited (a poll of its sentinel), for a caller
-        that knows it had not.
+        Once the process has exited and its messages are read, the channel counts as closed even
+        if a descendant inherited its end of the pipe: nothing it wrote can still be missing.
+        `check_exit` False skips asking whether the process has exited (a poll of its sentinel),
+        for a caller that knows it had not.
         """
         # Looked at before reading: if the child had exited by then, all it wrote is in the pipe.
-        exited = check_exit and not self.is_alive()
-        fork_exitcode = self._exit_report() if self.reports is not None else None
-        if fork_exitcode is not None:
-            # The fork has exited, so all it wrote is in the pipe: read it to the end, and drop
-            # the start of a message it was killed in the middle of.
+        exited = check_exit and self._has_exited()
+        exitcode = self._attempt_exit()
+        if exitcode is not None:
+            # The attempt's process has exited, so all it wrote is in the pipe: read it to the
+            # end, and drop the start of a message it was killed in the middle of.
             messages = self.status.drain(None)
             self.status.discard_partial()
-            return Drained(messages, not self.status.closed, fork_exitcode)
+            return Drained(messages, not self.status.closed, exitcode)
         messages = self.status.drain(limit)
         if exited and not self.status.closed and (limit is None or len(messages) < limit):
             self.status.mark_closed("the executor process exited")
+        if self.status.closed and not self.is_alive():
+            code = self.exitcode
+            return Drained(messages, False, code if code is not None else -1)
         return Drained(messages, not self.status.closed)
 
-    def _exit_report(self) -> int | None:
-        """The exit status of the launcher's last fork, if its report has come (-1 if the report
-        does not say one); the next fork's pid is noted."""
-        assert self.reports is not None
-        for report in self.reports.drain(1):
-            if report.get("type") == "exited":
-                next_pid, code = report.get("next_pid"), report.get("exitcode")
-                self.attempt_pid = next_pid if _is_int(next_pid) else None
-                self.awaiting_report = False
-                return code if _is_int(code) else -1
-        return None
-
-    def settled(self) -> bool:
-        """Ready for an attempt: not a launcher, or one that has reported its last attempt's exit
-        (and so announced the fork that waits for the next). Reads its report if it has come."""
-        if self.reports is not None and self.awaiting_report and not self._closed:
-            # Only the report can be left: the attempt's result was its last word.
-            fork_exitcode = self.drain(100).fork_exitcode
-            if fork_exitcode not in (0, None):
-                log.warning("executor_exit_after_result", pid=self.pid, task_id=self.task_id,
-                            exit=describe_exit(fork_exitcode))
-            if self.awaiting_report and not self.is_alive():
-                self.awaiting_report = False  # died before reporting: nothing more will come
-        return not self.awaiting_report
-
-    @property
-    def ending(self) -> bool:
-        """A launcher that announced no next fork (its waiting fork died): it is exiting."""
-        return self.fork_each and self.attempt_pid is None
-
-    def usable(self) -> bool:
-        """Alive and able to take an attempt once settled: not a launcher that is ending. Reads a
-        report an idle launcher sent about its waiting fork's death."""
-        if self.reports is not None and not self.awaiting_report and not self._closed:
-            self._exit_report()
-        return not self.ending and self.is_alive()
+    def _has_exited(self) -> bool:
+        """True once the process has ended and been reaped."""
+        if not self.is_alive():
+            return True
+        if not self.sentinel_exact and channel.poll_now(self.sentinel):
+            # A spawned child's sentinel fires a moment before it can be reaped (it is still in its
+            # exit path): wait for it here rather than spin the loop until then. A fork-server
+            # child's fires only once it has been reaped, which is_alive has just said it has not.
+            self.reap(0.1)
+            return not self.is_alive()
+        return False
 
     def fds(self) -> list[Any]:
         """What to wait on for news of this process: its sentinel and open channels."""
@@ -259,26 +251,26 @@ class ExecutorProcess:
 
     # --- steering -------------------------------------------------------------------------------
 
-    def request_cancel(self, reason: str = "cancel") -> None:
+    def request_cancel(self, reason: str = "cancel", token: str | None = None) -> None:
         """Ask the attempt to stop; wakes it if paused (cancel is set first, so it sees why).
         `reason` ("cancel", "timeout" or "shutdown") is for the line its log ends with."""
-        self._command("cancel", reason)
+        self._command("cancel", token, reason)
 
-    def pause(self) -> None:
+    def pause(self, token: str | None = None) -> None:
         """Pause a pausable attempt at its next `wait_if_paused`."""
-        self._command("pause")
+        self._command("pause", token)
 
-    def resume(self) -> None:
+    def resume(self, token: str | None = None) -> None:
         """Let a paused attempt continue."""
-        self._command("resume")
+        self._command("resume", token)
 
-    def _command(self, kind: str, reason: str | None = None) -> None:
+    def _command(self, kind: str, token: str | None, reason: str | None = None) -> None:
         # Never blocks: the pipe is full only if the process stopped reading it (stuck or dead),
         # and then stop escalation's signals are what ends the attempt.
         if self.task_id is None:
             return
         try:
-            os.write(self.control.fileno(), steering.command(kind, self.attempt_token, reason))
+            os.write(self.control.fileno(), steering.command(kind, token or self.attempt_token, reason))
         except OSError as exc:
             log.warning("executor_command_lost", command=kind, pid=self.pid, task_id=self.task_id, error=str(exc))
 
@@ -313,17 +305,17 @@ class ExecutorProcess:
         self._exitcode = self.process.exitcode
         return self._exitcode
 
-    def terminate_tree(self) -> None:
-        """SIGTERM the executor process and all its descendants."""
+    def terminate_attempt(self) -> None:
+        """SIGTERM the attempt's process and all its descendants."""
         self._signal_tree(signal.SIGTERM)
 
-    def kill_tree(self) -> None:
-        """SIGKILL the executor process and all its descendants (those seen by terminate_tree too)."""
+    def kill_attempt(self) -> None:
+        """SIGKILL the attempt's process and all its descendants (those seen by terminate_attempt too)."""
         self._signal_tree(signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the attempt's tree and the process itself: a launcher is not in its attempt's tree."""
-        self.kill_tree()
+        self.kill_attempt()
         self.process.kill()
 
     def close(self) -> None:
@@ -353,38 +345,25 @@ class ExecutorProcess:
         targets = [root] if root is not None else []
         processes.send(sig, [*targets, *self._descendants.values()])
 
-    def _root(self) -> psutil.Process | None:
-        if self.fork_each:
-            if self.attempt_process is None:
-                return None
-            pid, create_time = self.attempt_process
-            return processes.find_leftover(pid, create_time) if create_time is not None else None
-        if self.create_time is not None:
-            return processes.find_leftover(self.pid, self.create_time)
-        if self.is_alive():
-            try:
-                return psutil.Process(self.pid)
-            except psutil.Error:
-                return None
-        return None
 
-
-def start_process(context: ExecutorContext, *, fork_each: bool = False) -> ExecutorProcess:
-    """Start an idle executor process, waiting for its first attempt (see `ExecutorProcess`).
-
-    Starting a process costs milliseconds (the fork server's round trip, the child's set-up); the
-    supervisor starts one ahead of time (`warm_spare`), so dispatch is one message.
-    """
-    # Pipe(duplex=False) is (reader, writer): attempts and commands go down, status and reports come up.
+def open_pipes(context: ExecutorContext, *, reports: bool) -> tuple[list[Connection | None], list[Connection | None]]:
+    """The pipes of a new executor process: (ours, the child's), each as (assignments, control,
+    status, reports); reports only for a launcher. Pipe(duplex=False) is (reader, writer):
+    attempts and commands go down, status and reports come up."""
     assignments_in, assignments = context.Pipe(duplex=False)
     control_in, control = context.Pipe(duplex=False)
     status, status_out = context.Pipe(duplex=False)
-    reports, reports_out = context.Pipe(duplex=False) if fork_each else (None, None)
-    ours = [c for c in (assignments, control, status, reports) if c is not None]
-    theirs = [c for c in (assignments_in, control_in, status_out, reports_out) if c is not None]
+    reports_in, reports_out = context.Pipe(duplex=False) if reports else (None, None)
+    return [assignments, control, status, reports_in], [assignments_in, control_in, status_out, reports_out]
+
+
+def start_child(context: ExecutorContext, target: Any, *, reports: bool) -> tuple[BaseProcess, list[Connection | None]]:
+    """Start an executor process running `target(assignments, control, status, reports)`; the
+    process and our ends of its pipes (as `open_pipes`)."""
+    ours, theirs = open_pipes(context, reports=reports)
     process = context.Process(
-        target=endpoint.serve,
-        args=(assignments_in, control_in, status_out, reports_out),
+        target=target,
+        args=tuple(theirs),
         name="fredica-executor",
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
@@ -394,60 +373,20 @@ def start_process(context: ExecutorContext, *, fork_each: bool = False) -> Execu
         process.start()
     except BaseException:
         for connection in ours:
-            connection.close()
+            if connection is not None:
+                connection.close()
         raise
     finally:
         # Our copies of the child's ends must go: the readers would never see end-of-file, and the
         # child would never see its assignment pipe close.
         for connection in theirs:
-            connection.close()
+            if connection is not None:
+                connection.close()
+    assignments, control = ours[0], ours[1]
+    assert assignments is not None and control is not None
     os.set_blocking(control.fileno(), False)
     os.set_blocking(assignments.fileno(), False)  # see pipes.send_within
-    pid = process.pid
-    assert pid is not None
-    started = ExecutorProcess(
-        process=process,
-        status=channel.StatusReader(status),
-        control=control,
-        pid=pid,
-        create_time=processes.start_time(pid),
-        assignments=assignments,
-        reports=channel.StatusReader(reports) if reports is not None else None,
-        sentinel_exact=isinstance(context, ForkServerContext),
-    )
-    if fork_each:
-        started.attempt_pid = _first_fork(started)
-    return started
-
-
-def _first_fork(launcher: ExecutorProcess, timeout: float = 30.0) -> int:
-    """The pid a new launcher announces for its first fork (OSError if it does not)."""
-    assert launcher.reports is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not launcher.reports.closed:
-        for message in launcher.reports.drain(1):
-            if message.get("type") == "forked" and _is_int(message.get("pid")):
-                return message["pid"]
-        pipes.ready([launcher.reports, launcher.sentinel], max(0.0, deadline - time.monotonic()))
-    launcher.dismiss()
-    raise OSError(f"executor launcher {launcher.pid} did not start ({describe_exit(launcher.exitcode)})")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def spawn(
-    task: Task,
-    executor_ref: str,
-    upstream: Mapping[str, Any],
-    log_path: Path,
-    *,
-    context: ExecutorContext,
-    limits: assignment.Limits = assignment.Limits(),
-) -> ExecutorProcess:
-    """Start a fresh executor process for one attempt of `task`; its output goes to `log_path`."""
-    return start_process(context).assign(task, executor_ref, upstream, Path(log_path), last=True, limits=limits)
+    return process, ours
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -462,23 +401,5 @@ def describe_exit(exitcode: int | None) -> str:
         return f"killed by signal {-exitcode}"
 
 
-def tail(path: Path | str, lines: int = 20, *, max_bytes: int = 64 * 1024) -> str:
-    """The last `lines` lines of a log file (reading at most `max_bytes` from its end); "" if none."""
-    if lines <= 0:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            block = 8192
-            data = b""
-            position = size
-            # Read backwards block by block until there are enough lines or the budget is spent.
-            while position > 0 and data.count(b"\n") <= lines and len(data) < max_bytes:
-                step = min(block, position, max_bytes - len(data))
-                position -= step
-                f.seek(position)
-                data = f.read(step) + data
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
