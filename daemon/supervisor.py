@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import structlog
 
 from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, templates
-from daemon.engine import executor_processes
+from daemon.engine import event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, UnknownTask
@@ -80,6 +80,7 @@ class Supervisor:
             settle_timeout=settings.cancel_grace, slots=settings.max_workers,
             idle_timeout=settings.idle_process_timeout,
         )
+        self.loops = event_loops.EventLoops(self.context)
         self.started_at = clock()
         self._handoff = LoopHandoff()
         self._thread: threading.Thread | None = None
@@ -108,6 +109,7 @@ class Supervisor:
         # (the one writer), so once the database says none is, claims and timeouts skip looking
         # until one is scheduled again. True at first: recovery may have left some.
         self._delayed_possible = True
+        self._loops_due: list[float] = []  # when to look at the event-loop processes' heartbeats
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -198,6 +200,8 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 self.idle.dismiss_all()
             with contextlib.suppress(Exception):
+                self.loops.dismiss_all()
+            with contextlib.suppress(Exception):
                 self.conn.close()
             self._handoff.finished.set()
             log.info("supervisor_stopped", exit_status=self.exit_status)
@@ -234,8 +238,8 @@ class Supervisor:
 
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._handoff.wake_fd]
-        for rt in self.running.values():
-            handles += rt.process.fds()
+        for process in {id(rt.process): rt.process for rt in self.running.values()}.values():
+            handles += process.fds()
         ready = pipes.ready(handles, max(0.0, timeout))
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
@@ -298,7 +302,7 @@ class Supervisor:
         self._outbox = []  # hand-overs, hooks, counts and requests' commands: none happened
         for rt in reversed(self._dispatched):  # never given their task
             self.running.pop(rt.task.id, None)
-            self.idle.put_back(rt.process)
+            self._pool_of(rt.process).put_back(rt.process)
         # Attempts that ended stay ended (their processes are released): only the records are
         # lost, and made again once the database takes writes.
         self.unrecorded += [rt for rt in self._finished if rt not in self.unrecorded]
@@ -335,8 +339,7 @@ class Supervisor:
         self._handoff.refuse_pending(self.fault.refusal())
         self._note_shutdown(now)
         self._finished = []
-        for rt in list(self.running.values()):
-            self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
+        self._drain_all(now)
         for rt in list(self.running.values()):
             if rt.is_over():
                 self._guard(rt, self._conclude, rt, now)
@@ -345,6 +348,7 @@ class Supervisor:
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
+        self._loops_due = self.loops.watch(now)
         if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
             self._interrupt_all(now)
         self._flush_outbox()  # stop commands: they wait for no commit
@@ -354,7 +358,7 @@ class Supervisor:
 
     def _timeout_without_writes(self, now: float) -> float:
         assert self.fault is not None
-        deadlines = [self.fault.retry_at]
+        deadlines = [self.fault.retry_at, *self._loops_due]
         for rt in self.running.values():
             # Not progress: it is written only by a write that succeeds (the retry).
             rt_deadlines = rt.deadlines(now, self.settings.progress_interval, self.settings.cancel_grace)
@@ -390,14 +394,14 @@ class Supervisor:
             self._finished += ended  # all of them back to `unrecorded` if this tick is rolled back
             for rt in ended:
                 self._record(rt)
-        for rt in list(self.running.values()):
-            self._guard(rt, self._drain, rt, now, DRAIN_LIMIT)
+        self._drain_all(now)
         for rt in list(self.running.values()):
             if rt.is_over():
                 self._guard(rt, self._finish, rt, now)
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
+        self._loops_due = self.loops.watch(now)
         self._write_mirrors(now)
         if now >= self._next_heartbeat and self.running:
             tasks.heartbeat(self.conn, list(self.running), now)
@@ -405,6 +409,7 @@ class Supervisor:
         if self._shutdown_deadline is None:
             self._claim(now)
             self.idle.tick(now)
+            self.loops.tick(now)
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:
@@ -471,6 +476,7 @@ class Supervisor:
                 self._delayed_possible = False
         for rt in self.running.values():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
+        deadlines += self._loops_due
         if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()
@@ -490,9 +496,13 @@ class Supervisor:
         task, executor, upstream = prepared.task, prepared.executor, prepared.upstream
         # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
         # > 1) a process that runs attempts itself, until it has run that many.
-        fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
-        child = self.idle.take("fresh" if fresh else "reused")
-        last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
+        # An `async def` executor's attempt joins the others in an event-loop process.
+        if executor.runs_in_event_loop():
+            child, last = self.loops.take(), False
+        else:
+            fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
+            child = self.idle.take("fresh" if fresh else "reused")
+            last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
         # The process is recorded before it is given the task: if the daemon dies in between, the
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
         # never runs unrecorded, and never twice.
@@ -509,7 +519,7 @@ class Supervisor:
                 is_pausable=executor.pausable,
             )
         except BaseException:
-            self.idle.put_back(child)  # it was given nothing
+            self._pool_of(child).put_back(child)  # it was given nothing
             raise
         self.running[task.id] = rt = Attempt(
             task=started, process=child, executor=executor, started_at=now, pausable=started.is_pausable
@@ -549,22 +559,45 @@ class Supervisor:
 
     # --- messages from a child ------------------------------------------------------------------
 
-    def _drain(self, rt: Attempt, now: float, limit: int | None, *, check_exit: bool | None = None) -> None:
-        if rt.phase in (Phase.EXITED, Phase.ENDED):
+    def _pool_of(self, process: executor_processes.ExecutorProcess) -> Any:
+        """Where a process goes back once an attempt of it is over: the shared event-loop
+        processes, or the idle pool."""
+        return self.loops if process.kind == "event_loop" else self.idle
+
+    def _drain_all(self, now: float) -> None:
+        """Read what every attempt's process said, each process once (one may hold several)."""
+        held: dict[int, dict[str, Attempt]] = {}
+        for rt in self.running.values():
+            held.setdefault(id(rt.process), {})[rt.token] = rt
+        for attempts in held.values():
+            first = next(iter(attempts.values()))
+            self._guard(first, self._drain, first.process, attempts, now, DRAIN_LIMIT)
+
+    def _drain(
+        self, process: executor_processes.ExecutorProcess, attempts: dict[str, Attempt], now: float,
+        limit: int | None, *, check_exit: bool | None = None,
+    ) -> None:
+        """Apply what `process` said to the `attempts` it holds (by token), and its exit to all."""
+        going = {token: rt for token, rt in attempts.items() if rt.phase not in (Phase.EXITED, Phase.ENDED)}
+        if not going:
             return
         if check_exit is None:  # not when the last wait saw the process still running
-            check_exit = self._ready is None or rt.process.sentinel in self._ready
-        drained = rt.process.drain(limit, check_exit=check_exit)
+            check_exit = self._ready is None or process.sentinel in self._ready
+        drained = process.drain(limit, check_exit=check_exit)
         for message in drained.messages:
-            messages.apply(rt, message, now)
+            rt = process.route(message, going, now)
+            if rt is not None:
+                messages.apply(rt, message, now)
         if drained.exitcode is not None:
-            rt.exited(drained.exitcode, now)
-        elif rt.process.status.broken and not rt.finishing and rt.process.is_alive():
+            for rt in going.values():
+                rt.exited(drained.exitcode, now)
+        elif process.status.broken and process.is_alive() and any(not rt.finishing for rt in going.values()):
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
             # run with no one listening.
-            rt.log.warning("executor_channel_broken", reason=rt.process.status.close_reason)
-            rt.process.kill_attempt()
+            log.warning("executor_channel_broken", pid=process.pid, tasks=[rt.task.id for rt in going.values()],
+                        reason=process.status.close_reason)
+            process.kill_attempt() if not process.holds_many else process.kill()
 
     def _write_mirrors(self, now: float, only: Attempt | None = None) -> None:
         """Write what the task rows mirror of running attempts: pause states at once, progress at
@@ -604,8 +637,8 @@ class Supervisor:
         del self.running[rt.task.id]
         self._finished.append(rt)  # from here on, a rolled-back tick keeps it in `unrecorded`
         try:
-            if takes_another:
-                self.idle.put_back(process)
+            if takes_another or process.holds_many:
+                self._pool_of(process).put_back(process)
             elif process.is_alive():  # it may not run another attempt: it exits when dismissed
                 process.dismiss()
             else:

@@ -1,7 +1,8 @@
 """The kinds of executor process behind one interface (`base.ExecutorProcess`), and starting one.
 
-A fresh fork per attempt (`fresh.LauncherProcess`, the default) or a process reused for several
-attempts (`reused.ReusedProcess`, `tasks_per_process` > 1). Both are started with the
+A fresh fork per attempt (`fresh.LauncherProcess`, the default), a process reused for several
+attempts (`reused.ReusedProcess`, `tasks_per_process` > 1), or a process that holds many attempts
+of `async def` executors at once (`event_loop.EventLoopProcess`). All are started with the
 "forkserver" method by default: each is a fork of a small, warm server that has already imported
 the executor machinery, which is much faster than "spawn" while still never forking the
 supervisor itself (its threads, sockets and SQLite connection). "fork" is refused for that
@@ -17,15 +18,18 @@ from daemon.engine.executor_processes.base import (
     FORKSERVER_PRELOAD, START_METHODS, Drained, ExecutorContext, ExecutorProcess, describe_exit, make_context,
     start_child,
 )
+from daemon.engine.executor_processes.event_loop import HEARTBEAT_INTERVAL, EventLoopProcess
 from daemon.engine.executor_processes.fresh import LauncherProcess
 from daemon.engine.executor_processes.reused import ReusedProcess
-from executors import channel, endpoint
+from executors import channel, endpoint, event_loop
 
-KINDS: dict[str, type[ExecutorProcess]] = {"fresh": LauncherProcess, "reused": ReusedProcess}
+KINDS: dict[str, type[ExecutorProcess]] = {
+    "fresh": LauncherProcess, "reused": ReusedProcess, "event_loop": EventLoopProcess,
+}
 
 __all__ = [
-    "FORKSERVER_PRELOAD", "KINDS", "START_METHODS", "Drained", "ExecutorContext", "ExecutorProcess",
-    "LauncherProcess", "ReusedProcess", "describe_exit", "make_context", "start_process",
+    "FORKSERVER_PRELOAD", "KINDS", "START_METHODS", "Drained", "EventLoopProcess", "ExecutorContext",
+    "ExecutorProcess", "LauncherProcess", "ReusedProcess", "describe_exit", "make_context", "start_process",
 ]
 
 
@@ -37,7 +41,12 @@ def start_process(context: ExecutorContext, kind: str = "reused") -> ExecutorPro
     """
     cls = KINDS[kind]
     launcher = cls is LauncherProcess
-    process, (assignments, control, status, reports) = start_child(context, endpoint.serve, reports=launcher)
+    if cls is EventLoopProcess:
+        process, (assignments, control, status, reports) = start_child(
+            context, event_loop.serve, reports=False, extra=(HEARTBEAT_INTERVAL,)
+        )
+    else:
+        process, (assignments, control, status, reports) = start_child(context, endpoint.serve, reports=launcher)
     assert control is not None and status is not None
     pid = process.pid
     assert pid is not None

@@ -83,7 +83,8 @@ class ExecutorProcess:
     current attempt. Started idle (`start_process`), waiting on its assignment pipe, it is given
     attempts one at a time."""
 
-    kind: ClassVar[str] = ""  # "fresh" or "reused": what the pool keeps apart
+    kind: ClassVar[str] = ""  # "fresh", "reused" or "event_loop": what the pools keep apart
+    holds_many: ClassVar[bool] = False  # several attempts at once (their tree is shared)
 
     process: BaseProcess
     status: channel.StatusReader
@@ -119,6 +120,14 @@ class ExecutorProcess:
     def _root(self) -> psutil.Process | None:
         """The root of the current attempt's process tree, if it is still there."""
         raise NotImplementedError
+
+    def route(self, message: dict[str, Any], attempts: Mapping[str, Attempt], now: float) -> Attempt | None:
+        """The attempt, of those it holds (by token), that `message` is for: its only one here."""
+        return next(iter(attempts.values()), None)
+
+    def watch(self, now: float) -> float | None:
+        """Look at the process itself (not its attempts); when to look again (None: no need)."""
+        return None
 
     def _attempt_exit(self) -> int | None:
         """The attempt's exit status if its process has exited and reported it apart from its
@@ -357,13 +366,15 @@ def open_pipes(context: ExecutorContext, *, reports: bool) -> tuple[list[Connect
     return [assignments, control, status, reports_in], [assignments_in, control_in, status_out, reports_out]
 
 
-def start_child(context: ExecutorContext, target: Any, *, reports: bool) -> tuple[BaseProcess, list[Connection | None]]:
-    """Start an executor process running `target(assignments, control, status, reports)`; the
-    process and our ends of its pipes (as `open_pipes`)."""
+def start_child(
+    context: ExecutorContext, target: Any, *, reports: bool, extra: tuple[Any, ...] = ()
+) -> tuple[BaseProcess, list[Connection | None]]:
+    """Start an executor process running `target(assignments, control, status[, reports], *extra)`;
+    the process and our ends of its pipes (as `open_pipes`)."""
     ours, theirs = open_pipes(context, reports=reports)
     process = context.Process(
         target=target,
-        args=tuple(theirs),
+        args=(*[end for end in theirs if end is not None], *extra),
         name="fredica-executor",
         # Not daemonic: a daemonic process may not start multiprocessing children of its own,
         # and executors may need to. The supervisor ends its children explicitly.
