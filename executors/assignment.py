@@ -31,3 +31,6 @@ class Assignment:
     attempt: str  # names this attempt in control commands and (event-loop processes) messages
     last: bool = False  # the process's last attempt: it exits once this one has reported
     limits: Limits = Limits()
+    # Event-loop processes only: seconds from a cancel command to the CancelledError of an attempt
+    # that has not ended by itself. The supervisor fills it from its `cancel_grace` setting.
+    cancel_grace: float = 5.0

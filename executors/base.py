@@ -1,7 +1,8 @@
 """The executor API (SPEC §8): what third-party executors subclass, return and are given.
 
-`TaskExecutor.execute` runs in an executor subprocess (see `executors.endpoint`) and talks to the
-supervisor only through the `TaskContext` it is given: progress and requests go out as small dicts
+`TaskExecutor.execute` runs in an executor subprocess (see `executors.endpoint`; an `async def`
+one, in an event-loop process, `executors.event_loop`, with an `AsyncTaskContext`) and talks to
+the supervisor only through the `TaskContext` it is given: progress and requests go out as small dicts
 on the task's status channel; cancel and pause come in as two Events of the attempt, which a
 thread of the executor process sets and clears as the supervisor's commands arrive
 (`executors.steering`). They are threading Events: a process the executor starts itself does
@@ -29,13 +30,15 @@ Who touches the resume Event (set = running, clear = paused):
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    import asyncio
     from multiprocessing.synchronize import Event
 
     from daemon.models import Task
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 # Longest status text and forwarded log line: messages stay small whatever an executor passes in.
 MAX_TEXT = 1000
 MAX_LOG_MESSAGE = 4000
+E = TypeVar("E")  # the kind of Event a context's cancel and resume are
 
 
 @dataclasses.dataclass
@@ -122,8 +126,18 @@ class TaskExecutor:
     needs_fresh_process: bool = False
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
-        """Run the task; called in the executor subprocess, never in the supervisor."""
+        """Run the task; called in the executor subprocess, never in the supervisor.
+
+        An `async def execute(self, task, ctx: AsyncTaskContext)` makes an event-loop executor
+        (SPEC §15): its attempts run many at once on one asyncio loop (`executors.event_loop`).
+        """
         raise NotImplementedError(f"{type(self).__name__} does not implement execute()")
+
+    @classmethod
+    def runs_in_event_loop(cls) -> bool:
+        """True for an event-loop executor (its `execute` is `async def`): the daemon runs it in
+        an event-loop executor process, never in a process that runs one attempt at a time."""
+        return inspect.iscoroutinefunction(cls.execute)
 
     def can_skip(self, task: Task) -> bool:
         """Supervisor side, before starting: True completes the task as skipped."""
@@ -159,19 +173,17 @@ class _ForwardToSupervisor(logging.Handler):
             self.handleError(record)
 
 
-class TaskContext:
-    """What `execute` gets as `ctx`: progress, cancel and pause, upstream results, a logger.
-
-    Safe to use from several threads of the executor, but not from a signal handler: its methods
-    take locks that the interrupted thread may hold (a handler should set a flag instead).
-    """
+class _Context(Generic[E]):
+    """What both contexts share: the task, its upstream results, its logger, progress and the
+    pausable flag, and the shapes of the messages they send. `E`: the kind of its cancel and
+    resume Events (set = cancelled; set = running)."""
 
     def __init__(
         self,
         task: Task,
         status: StatusSink,
-        cancel_event: Event,
-        resume_event: Event,
+        cancel_event: E,
+        resume_event: E,
         *,
         upstream: Mapping[str, Any] | None = None,
         log: logging.Logger | Callable[[], logging.Logger] | None = None,
@@ -181,9 +193,9 @@ class TaskContext:
         self._status = status
         self._cancel = cancel_event
         self._resume = resume_event
+        self._pause_lock = threading.Lock()  # guards self-pause state and its two messages (threads)
         self._lock = threading.Lock()  # guards making the logger
         self._progress_lock = threading.Lock()  # orders progress reports, and their de-duplication
-        self._pause_lock = threading.Lock()  # guards self-pause state and its two messages
         self._last_progress: tuple[int, str | None] | None = None
         self._self_paused = False
         self._log: logging.Logger | None = None
@@ -236,6 +248,28 @@ class TaskContext:
         """Tell the supervisor whether a user may pause the task from now on."""
         self._status.put({"type": "pausable", "pausable": bool(flag)})
 
+    # --- the two messages of a pause the executor asks for -----------------------------------------
+
+    def _put_pause_request(self, reason: str) -> None:
+        self._self_paused = True
+        self._status.put({"type": "pause_request", "reason": str(reason)[:MAX_TEXT]})
+
+    def _put_resume_request(self) -> bool:
+        """Send resume_request if a pause this executor asked for is in progress; True if it was."""
+        if not self._self_paused:
+            return False  # a plain user pause is the user's to end
+        self._self_paused = False
+        self._status.put({"type": "resume_request"})
+        return True
+
+
+class TaskContext(_Context["Event"]):
+    """What `execute` gets as `ctx`: progress, cancel and pause, upstream results, a logger.
+
+    Safe to use from several threads of the executor, but not from a signal handler: its methods
+    take locks that the interrupted thread may hold (a handler should set a flag instead).
+    """
+
     # --- cancel -----------------------------------------------------------------------------------
 
     @property
@@ -269,9 +303,8 @@ class TaskContext:
         # The pause lock orders this request against `request_resume` from another thread: the
         # supervisor must see pause_request before the matching resume_request.
         with self._pause_lock:
-            self._self_paused = True
             self._resume.clear()
-            self._status.put({"type": "pause_request", "reason": str(reason)[:MAX_TEXT]})
+            self._put_pause_request(reason)
         # A cancel that raced with the clear above set the resume Event before we cleared it; the
         # supervisor sets the cancel Event first, so it is visible here: we must not wait, and
         # the resume Event is set again, or the executor's other threads would wait for good.
@@ -290,8 +323,72 @@ class TaskContext:
         before any progress the resumed thread reports.
         """
         with self._pause_lock:
-            if not self._self_paused:
-                return
+            if self._put_resume_request():
+                self._resume.set()
+
+
+class AsyncTaskContext(_Context["asyncio.Event"]):
+    """What an event-loop executor's `async def execute` gets as `ctx` (SPEC §15): the same as
+    `TaskContext`, with waits that are awaited instead of blocking the loop every other attempt
+    of the process runs on.
+
+    Its cancel and resume Events are asyncio Events of the process's loop, set and cleared there
+    as the supervisor's commands arrive (`executors.event_loop`): use it from the loop's thread
+    only (not from `asyncio.to_thread` or other threads).
+    """
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the supervisor asked the task to stop; `execute` should return CANCELLED.
+        If it goes on, its coroutine is cancelled (CancelledError) after the cancel grace."""
+        return self._cancel.is_set()
+
+    async def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Sleep up to `timeout` seconds, waking early on cancel; True if cancelled."""
+        return await _waited(self._cancel, timeout)
+
+    async def wait_if_paused(self, timeout: float | None = None) -> bool:
+        """Wait while the task is paused; False only if `timeout` passed while still paused. A
+        cancel also ends the wait, so check `cancelled` after it."""
+        return await _waited(self._resume, timeout)
+
+    async def request_pause(self, reason: str) -> None:
+        """Pause the task from inside; returns once resumed (by the user, or `request_resume`).
+
+        The seed's order, as `TaskContext.request_pause` explains: clear the resume Event, tell
+        the supervisor, wait. Nothing runs between the clear and the put (no await), and the
+        commands are applied by the same loop, so a resume sent the moment the supervisor reads
+        the request always comes after the clear: it ends the wait, never gets lost.
+        """
+        if self._cancel.is_set():
+            return  # a cancelled task is about to end: pausing it would only delay that
+        self._resume.clear()
+        self._put_pause_request(reason)
+        try:
+            await self._resume.wait()  # a cancel sets it too
+        finally:
             self._self_paused = False
-            self._status.put({"type": "resume_request"})
+
+    def request_resume(self) -> None:
+        """End a pause this executor asked for with `request_pause` (from another of its
+        coroutines); nothing unless one is in progress. resume_request goes before the Event is
+        set, so the supervisor records `is_paused = 0` before any progress the resumed one sends."""
+        if self._put_resume_request():
             self._resume.set()
+
+
+async def _waited(event: asyncio.Event, timeout: float | None) -> bool:
+    """Whether `event` is set within `timeout` seconds (None: wait until it is)."""
+    import asyncio
+
+    if timeout is None:
+        await event.wait()
+        return True
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True

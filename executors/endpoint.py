@@ -31,7 +31,7 @@ from executors._parent import (
 from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
 from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
-from executors.steering import ControlReader, Steering
+from executors.steering import ControlReader, Steered, Steering
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -56,26 +56,8 @@ def serve(
     the supervisor is gone), the process exits with `os._exit`, so threads or processes an
     executor left behind cannot keep its worker slot busy.
     """
-    # The supervisor decides when a task stops: a Ctrl-C (or hang-up) on the daemon's terminal,
-    # which reaches the whole foreground process group, must not kill executors behind its back.
-    # So they leave that group, rather than ignore SIGINT: an ignored signal stays ignored across
-    # exec, and the commands executors run would inherit that (a script could not trap it).
-    os.setpgid(0, 0)
-    # And whatever ignored them before (a daemon started in the background by a script gets
-    # SIGINT and SIGQUIT ignored, and multiprocessing passes that on) is undone: the commands an
-    # executor runs inherit ignored signals across exec.
-    # SIGINT as a Python program starts with (KeyboardInterrupt in the executor, the default
-    # after exec); SIGQUIT at its default.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    prepare_process()
     status = StatusQueue(status_connection)
-    # Nothing this process got (our pipes; multiprocessing's to the fork server and the resource
-    # tracker) is for the commands an executor starts: one started without close_fds (os.system)
-    # would hold them open, and a pipe held open never reports its end.
-    _close_on_exec_above_stderr()
-    null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
-    os.dup2(null, 0)
-    os.close(null)
     # A segfault in an extension module then leaves a Python traceback in the task's log (fd 2
     # is pointed at each attempt's log in turn), which the supervisor quotes in the CRASHED error.
     faulthandler.enable(file=2, all_threads=True)
@@ -100,6 +82,30 @@ def serve(
         if assignment.last or exit_code:
             assignments.close()
             _shut_down(status, output, exit_code)
+
+
+def prepare_process() -> None:
+    """What every kind of executor process does first: its own process group, signals as a
+    Python program starts with them, no fd of ours for the commands it runs, no terminal."""
+    # The supervisor decides when a task stops: a Ctrl-C (or hang-up) on the daemon's terminal,
+    # which reaches the whole foreground process group, must not kill executors behind its back.
+    # So they leave that group, rather than ignore SIGINT: an ignored signal stays ignored across
+    # exec, and the commands executors run would inherit that (a script could not trap it).
+    os.setpgid(0, 0)
+    # And whatever ignored them before (a daemon started in the background by a script gets
+    # SIGINT and SIGQUIT ignored, and multiprocessing passes that on) is undone: the commands an
+    # executor runs inherit ignored signals across exec.
+    # SIGINT as a Python program starts with (KeyboardInterrupt in the executor, the default
+    # after exec); SIGQUIT at its default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    # Nothing this process got (our pipes; multiprocessing's to the fork server and the resource
+    # tracker) is for the commands an executor starts: one started without close_fds (os.system)
+    # would hold them open, and a pipe held open never reports its end.
+    _close_on_exec_above_stderr()
+    null = os.open(os.devnull, os.O_RDONLY)  # nothing may read the daemon's terminal
+    os.dup2(null, 0)
+    os.close(null)
 
 
 def _close_on_exec_above_stderr() -> None:
@@ -368,7 +374,7 @@ def _run_attempt(
         )
     except BaseException as exc:  # e.g. the log cannot be opened: say so rather than just die
         try:
-            status.put(_error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))
+            status.put(error_message(f"the executor process could not start: {type(exc).__name__}: {exc}"))
         finally:
             os._exit(1)
     output.line(
@@ -383,11 +389,7 @@ def _run_attempt(
     if left:
         output.line("WARNING", f"ended {len(left)} processes the task left running: {', '.join(map(str, left))}")
     channel.close()  # the result is the attempt's last message
-    try:
-        frame = encode(message)
-    except (MessageTooLarge, TypeError, ValueError, RecursionError) as exc:  # `stored_result` let it by
-        message = _error_message(f"the result cannot be sent: {type(exc).__name__}: {exc}", models.BAD_RESULT)
-        frame = encode(message)
+    message, frame = encoded_result(message)
     # The log is complete before the result goes: once the supervisor records the task as ended,
     # `fredica logs` may read the log to its end, and this process may still be exiting.
     output.line("INFO", last_line(message, steering, task))
@@ -403,7 +405,7 @@ def _run_attempt(
     return exit_code
 
 
-def last_line(message: Mapping[str, Any], steering: Steering, task: Task) -> str:
+def last_line(message: Mapping[str, Any], steering: Steered, task: Task) -> str:
     """The line an attempt's log ends with: how it ended, as the supervisor will record it. A
     failure after the supervisor stopped the attempt is recorded for the stop's reason."""
     if message["error"] is None:
@@ -424,7 +426,7 @@ def result_message(outcome: Any, max_result_bytes: int) -> dict[str, Any]:
     refused here, before anything is sent (BAD_RESULT); JSON text goes as the text, for the
     supervisor to tell it from any other kind of value."""
     if not isinstance(outcome, ExecuteResult):
-        return _error_message(f"execute() returned {type(outcome).__name__}, not an ExecuteResult")
+        return error_message(f"execute() returned {type(outcome).__name__}, not an ExecuteResult")
     if not outcome.ok:
         error = outcome.error if outcome.error is not None else outcome.error_type
         error_type = None if outcome.error_type is None else str(outcome.error_type)
@@ -432,22 +434,45 @@ def result_message(outcome: Any, max_result_bytes: int) -> dict[str, Any]:
     try:
         stored_result(outcome.result, max_result_bytes)
     except BadResult as exc:
-        return _error_message(str(exc), models.BAD_RESULT)
+        return error_message(str(exc), models.BAD_RESULT)
     return {"type": "result", "result": outcome.result, "error": None, "error_type": None}
 
 
-def _error_message(error: str, error_type: str = models.EXCEPTION) -> dict[str, Any]:
+def encoded_result(message: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The result `message` and its frame; a BAD_RESULT message instead if it cannot be encoded
+    (what `stored_result` let by: too large once escaped, say). Other keys of `message` (an
+    event-loop process's "attempt") are kept."""
+    try:
+        return message, encode(message)
+    except (MessageTooLarge, TypeError, ValueError, RecursionError) as exc:
+        error = error_message(f"the result cannot be sent: {type(exc).__name__}: {exc}", models.BAD_RESULT)
+        error.update((key, value) for key, value in message.items() if key not in error)
+        return error, encode(error)
+
+
+def error_message(error: str, error_type: str = models.EXCEPTION) -> dict[str, Any]:
+    """A failed attempt's "result" message."""
     return {"type": "result", "result": None, "error": error[:MAX_ERROR], "error_type": error_type}
 
 
 def _execute(task: Task, executor_ref: str, ctx: TaskContext, output: AttemptOutput) -> Any:
     """Import the executor and run it; any exception becomes an EXCEPTION result."""
     try:
-        executor = registry.load_class(executor_ref)()
-        return executor.execute(task, ctx)
+        cls = registry.load_class(executor_ref)
+        if cls.runs_in_event_loop():
+            return ExecuteResult(error=not_here(executor_ref), error_type=models.NO_EXECUTOR)
+        return cls().execute(task, ctx)
     except BaseException as exc:  # SystemExit from an executor is a bug to report, not an exit
         output.line("ERROR", "execute() raised:\n" + "".join(traceback.format_exception(exc)).rstrip())
         return ExecuteResult(error=f"{type(exc).__name__}: {exc}", error_type=models.EXCEPTION)
+
+
+def not_here(executor_ref: str) -> str:
+    """Why an executor of the wrong kind for its process does not run there."""
+    return (
+        f"{executor_ref}: its execute() is async def, an event-loop executor (SPEC §15), and this "
+        f"executor process runs one attempt at a time; it runs only in an event-loop executor process"
+    )
 
 
 def _shut_down(status: StatusQueue, output: AttemptOutput, exit_code: int) -> NoReturn:

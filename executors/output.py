@@ -1,11 +1,16 @@
 """Where an executor process's output goes: fds 1 and 2, pointed at each attempt's task log,
-which is kept within its limit (`executors.tasklog`).
+which is kept within its limit (`executors.tasklog`); or, in an event-loop process, which runs
+many attempts at once and so cannot point its fds at any one log, each attempt's own `AttemptLog`,
+which `print()` and the root logger reach through the attempt's context (`route_to_attempt_logs`).
 
-Used by `executors.endpoint`; the lines it writes are formatted as the task loggers' are.
+Used by `executors.endpoint` and `executors.event_loop`; the lines they write are formatted as the
+task loggers' are.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import io
 import logging
 import os
@@ -173,6 +178,123 @@ class AttemptOutput:
 
 
 _STREAM_CODING = ("utf-8", "backslashreplace")
+
+
+class AttemptLog:
+    """One attempt's task log in an event-loop process: written only through this object, so
+    every byte is counted, and the log kept within `max_bytes` as it goes (no other writer holds
+    it: the process's fds 1 and 2 stay pointed where they were, shared by all its attempts)."""
+
+    def __init__(self, log_path: str, max_bytes: int) -> None:
+        self.log_path = log_path
+        self._keep = max(1, max_bytes // 2)
+        self._check_every = max(4096, min(self._keep // 8, CHECK_EVERY))
+        self._unchecked = 0
+        tasklog.rotate(log_path, self._keep)  # a retry appends to the log of the attempts before it
+        self._fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        encoding, errors = _STREAM_CODING
+        raw = _CountedFd(self._fd, self._wrote)
+        self.stream = io.TextIOWrapper(io.BufferedWriter(raw), encoding=encoding, errors=errors, line_buffering=True)
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.closed = False
+        self._loggers: list[logging.Logger] = []
+
+    def line(self, level: str, message: str) -> None:
+        """One line of the process's own about this attempt, formatted as the loggers' lines are."""
+        self.write(AttemptOutput.format_line(level, message))
+
+    def write(self, text: str) -> None:
+        """Append `text` (nothing once closed, or if the log's disk is full: the result still goes)."""
+        if self.closed:
+            return
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError):
+            pass
+
+    def logger(self, task: Task) -> logging.Logger:
+        """A logger for `ctx.log`, writing timestamped lines to this log (unregistered, as
+        `AttemptOutput.task_logger`'s: a long-lived process would keep them all)."""
+        logger = logging.Logger(f"fredica.task.{task.id}", logging.INFO)
+        logger.addHandler(self.handler)
+        logger.propagate = False
+        self._loggers.append(logger)
+        return logger
+
+    def close(self) -> None:
+        """Flush and close; what the attempt's leftovers log later goes nowhere."""
+        if self.closed:
+            return
+        for logger in self._loggers:
+            logger.removeHandler(self.handler)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()
+        self.closed = True
+        os.close(self._fd)
+
+    def _wrote(self, count: int) -> None:
+        self._unchecked += count
+        if self._unchecked >= self._check_every:
+            self._unchecked = 0
+            try:
+                if os.fstat(self._fd).st_size < self._keep:
+                    return
+            except OSError:
+                return
+            tasklog.rotate(self.log_path, self._keep)
+
+
+# The log of the attempt whose code runs now, in an event-loop process: each attempt's asyncio
+# task sets it, and what that task starts (other tasks, callbacks) inherits its context.
+CURRENT_LOG: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar("fredica_attempt_log", default=None)
+
+
+def route_to_attempt_logs() -> None:
+    """In an event-loop process: `sys.stdout`, `sys.stderr` and the root logger write to the
+    current attempt's log (`CURRENT_LOG`); outside any attempt, to the process's stderr."""
+    fallback = sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")
+    sys.stdout = sys.stderr = _ToAttemptLog(fallback)
+    root = logging.getLogger()
+    root.addHandler(_RootToAttemptLog())
+    root.setLevel(logging.WARNING)  # as in the other kind of process: libraries' warnings
+
+
+class _ToAttemptLog(io.TextIOBase):
+    """A text stream that writes to the current attempt's log, or to `fallback` outside one."""
+
+    def __init__(self, fallback: Any) -> None:
+        super().__init__()
+        self._fallback = fallback
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        log = CURRENT_LOG.get()
+        if log is not None and not log.closed:
+            log.write(text)
+        else:
+            with contextlib.suppress(OSError, ValueError):
+                self._fallback.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        log = CURRENT_LOG.get()
+        with contextlib.suppress(OSError, ValueError):
+            (log.stream if log is not None and not log.closed else self._fallback).flush()
+
+
+class _RootToAttemptLog(logging.Handler):
+    """The root logger's handler in an event-loop process: a record goes to the log of the
+    attempt that logged it (`logging.lastResort` outside one)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = CURRENT_LOG.get()
+        if log is not None and not log.closed:
+            log.handler.handle(record)
+        elif logging.lastResort is not None and record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
 
 
 class _CountedFd(io.RawIOBase):

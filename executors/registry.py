@@ -153,6 +153,11 @@ class Registry:
         """The "module:Class" reference the subprocess imports for `task_type` (KeyError if none)."""
         return self._registrations[task_type].ref
 
+    def runs_in_event_loop(self, task_type: str) -> bool:
+        """Whether `task_type`'s executor is an event-loop one (`async def execute`): its
+        attempts go to an event-loop executor process (KeyError if none is registered)."""
+        return self._registrations[task_type].cls.runs_in_event_loop()
+
     def registration(self, task_type: str) -> Registration | None:
         """Everything known about `task_type`'s executor, or None."""
         return self._registrations.get(task_type)

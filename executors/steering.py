@@ -70,59 +70,143 @@ class SteeredEvent(threading.Event):
         super().clear()
 
 
-class Steering:
-    """One attempt's cancel and resume Events, as the supervisor's commands leave them."""
+class Steered:
+    """One attempt as the commands steer it, whatever kind its Events are (threading ones here,
+    asyncio ones in an event-loop process: `executors.event_loop`): what each command does, and
+    in which order, is spelled out once, in `apply`."""
 
-    def __init__(self, attempt: str, reader: ControlReader) -> None:
+    def __init__(self, attempt: str) -> None:
         self.attempt = attempt
-        self.cancel = SteeredEvent(reader)
-        self.resume = SteeredEvent(reader)
-        threading.Event.set(self.resume)  # set = running; a pause clears it
-        self._reader = reader
         self._cancel_reason: str | None = None
 
     @property
     def cancel_reason(self) -> str | None:
         """Why the supervisor cancelled the attempt ("cancel": a user; "timeout"; "shutdown": the
         daemon stops and will run it again), once it has; None before that, or if it did not say."""
-        self._reader.start()
         return self._cancel_reason
 
     def apply(self, kind: str, reason: str | None = None) -> None:
-        # The plain Event methods: this runs inside the reader, which needs no starting.
+        """Apply one command to this attempt."""
         if kind == "cancel":
             self._cancel_reason = reason
             # Cancel first, then wake a paused executor: it must see why it was woken.
-            threading.Event.set(self.cancel)
-            threading.Event.set(self.resume)
+            self._set_cancel()
+            self._set_resume()
         elif kind == "pause":
-            threading.Event.clear(self.resume)
+            self._clear_resume()
         elif kind == "resume":
-            threading.Event.set(self.resume)
+            self._set_resume()
+
+    def _set_cancel(self) -> None:
+        raise NotImplementedError
+
+    def _set_resume(self) -> None:
+        raise NotImplementedError
+
+    def _clear_resume(self) -> None:
+        raise NotImplementedError
 
 
-class ControlReader:
-    """Reads the control pipe and steers the attempt each command names: first when an attempt
-    uses its Events (`start`), then in a daemon thread."""
+class Steering(Steered):
+    """One attempt's cancel and resume Events, as the supervisor's commands leave them."""
+
+    def __init__(self, attempt: str, reader: ControlReader) -> None:
+        super().__init__(attempt)
+        self.cancel = SteeredEvent(reader)
+        self.resume = SteeredEvent(reader)
+        threading.Event.set(self.resume)  # set = running; a pause clears it
+        self._reader = reader
+
+    @property
+    def cancel_reason(self) -> str | None:
+        self._reader.start()
+        return self._cancel_reason
+
+    # The plain Event methods: these run inside the reader, which needs no starting.
+    def _set_cancel(self) -> None:
+        threading.Event.set(self.cancel)
+
+    def _set_resume(self) -> None:
+        threading.Event.set(self.resume)
+
+    def _clear_resume(self) -> None:
+        threading.Event.clear(self.resume)
+
+
+class Commands:
+    """The control pipe's bytes as commands, each applied to the attempt it names: one of those
+    `attach`ed, or kept for an attempt not started yet (up to `pending_attempts` of them, so
+    stale ones cannot pile up). Used by both kinds of executor process."""
+
+    def __init__(self, pending_attempts: int = PENDING_ATTEMPTS) -> None:
+        self._lock = threading.Lock()  # guards the attempts' state: _attempts and _pending
+        self._buffer = b""
+        self._attempts: dict[str, Steered] = {}
+        self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
+        self._pending_attempts = pending_attempts
+
+    def attach(self, steered: Steered, *, only: bool = False) -> None:
+        """Steer `steered` from now on, after the commands already sent for it. `only`: it is
+        the process's one attempt now; every other, and what is kept for any other, is dropped."""
+        with self._lock:
+            for kind, reason in self._pending.pop(steered.attempt, []):
+                steered.apply(kind, reason)
+            if only:
+                self._pending.clear()  # meant for attempts that are over or never came
+                self._attempts.clear()
+            self._attempts[steered.attempt] = steered
+
+    def detach(self, attempt: str) -> None:
+        """The attempt is over: a later command for it is kept as for an unknown one, then dropped."""
+        with self._lock:
+            self._attempts.pop(attempt, None)
+
+    def feed(self, chunk: bytes) -> None:
+        """Apply every command `chunk` completes (bytes of a frame not complete yet are kept)."""
+        buffer = self._buffer + chunk
+        while len(buffer) >= HEADER_SIZE:
+            length = int.from_bytes(buffer[:HEADER_SIZE], "big")
+            if len(buffer) < HEADER_SIZE + length:
+                break
+            body, buffer = buffer[HEADER_SIZE : HEADER_SIZE + length], buffer[HEADER_SIZE + length :]
+            try:
+                self._apply(json.loads(body))
+            except ValueError:
+                pass  # only the supervisor writes here; never let a bad message stop steering
+        self._buffer = buffer
+
+    def _apply(self, message: Any) -> None:
+        if not isinstance(message, dict) or message.get("type") not in COMMANDS:
+            return
+        kind, attempt = message["type"], str(message.get("attempt"))
+        reason = message.get("reason")
+        reason = reason if isinstance(reason, str) else None
+        with self._lock:
+            steered = self._attempts.get(attempt)
+            if steered is not None:
+                steered.apply(kind, reason)
+                return
+            self._pending.setdefault(attempt, []).append((kind, reason))
+            self._pending.move_to_end(attempt)
+            while len(self._pending) > self._pending_attempts:
+                self._pending.popitem(last=False)
+
+
+class ControlReader(Commands):
+    """Reads the control pipe and steers the process's one attempt: first when the attempt uses
+    its Events (`start`), then in a daemon thread."""
 
     def __init__(self, fd: int) -> None:
+        super().__init__()
         self._fd = fd
-        self._lock = threading.Lock()  # guards the attempts' state: _current and _pending
         self._start_lock = threading.Lock()
         self._started = False
         self._thread: threading.Thread | None = None
-        self._buffer = b""
-        self._current: Steering | None = None
-        self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
 
     def steer(self, attempt: str) -> Steering:
         """The Events of the attempt that starts now (with the commands already sent for it)."""
         steering = Steering(attempt, self)
-        with self._lock:
-            for kind, reason in self._pending.pop(attempt, []):
-                steering.apply(kind, reason)
-            self._pending.clear()  # meant for attempts that are over or never came
-            self._current = steering
+        self.attach(steering, only=True)
         return steering
 
     def start(self) -> None:
@@ -160,29 +244,4 @@ class ControlReader:
             self._feed(chunk)
 
     def _feed(self, chunk: bytes) -> None:
-        buffer = self._buffer + chunk
-        while len(buffer) >= HEADER_SIZE:
-            length = int.from_bytes(buffer[:HEADER_SIZE], "big")
-            if len(buffer) < HEADER_SIZE + length:
-                break
-            body, buffer = buffer[HEADER_SIZE : HEADER_SIZE + length], buffer[HEADER_SIZE + length :]
-            try:
-                self._apply(json.loads(body))
-            except ValueError:
-                pass  # only the supervisor writes here; never let a bad message stop steering
-        self._buffer = buffer
-
-    def _apply(self, message: Any) -> None:
-        if not isinstance(message, dict) or message.get("type") not in COMMANDS:
-            return
-        kind, attempt = message["type"], str(message.get("attempt"))
-        reason = message.get("reason")
-        reason = reason if isinstance(reason, str) else None
-        with self._lock:
-            if self._current is not None and self._current.attempt == attempt:
-                self._current.apply(kind, reason)
-                return
-            self._pending.setdefault(attempt, []).append((kind, reason))
-            self._pending.move_to_end(attempt)
-            while len(self._pending) > PENDING_ATTEMPTS:
-                self._pending.popitem(last=False)
+        self.feed(chunk)
