@@ -537,6 +537,7 @@ class Supervisor:
                 attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
                 process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
                 limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
+                cancel_grace=self.settings.cancel_grace,
             )
         except Exception as exc:
             # Died just now, or the task could not be sent: end the process, so that the loop

@@ -1,7 +1,7 @@
 """The event-loop executor process (SPEC §15): many attempts of `async def` executors at once, on
 one asyncio loop. Its entry point `serve` is started as `endpoint.serve` is.
 
-Wire contract with the supervisor (the pipes `daemon.children.start_process` makes):
+Wire contract with the supervisor (the pipes `daemon.engine.executor_processes.start_process` makes):
 
 - assignments (supervisor → process): pickled `executors.assignment.Assignment`s, each framed as
   `Connection.send_bytes` frames it (`daemon.pipes.send_within`). Send as many as the process

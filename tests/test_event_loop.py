@@ -1,7 +1,7 @@
 """The event-loop executor process for real (SPEC §15): many attempts of async executors at once.
 
 No supervisor: each test starts `executors.event_loop.serve` with a fork-server context, as
-`daemon.children` starts the other kind of process, sends pickled assignments and control commands
+`daemon.engine.executor_processes` starts the other kind of process, sends pickled assignments and control commands
 down its pipes, and synchronises on the messages it sends back.
 """
 
@@ -17,7 +17,9 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
-from daemon import children, models, pipes
+from daemon import models, pipes
+from daemon.engine import executor_processes
+from tests import executor_launch
 from executors import assignment, channel, event_loop, steering
 from executors._parent import ORPHANED
 from tests.conftest import make_task, wait_for
@@ -101,8 +103,8 @@ def _class_of(task_type: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> children.ExecutorContext:
-    return children.make_context("forkserver")
+def forkserver() -> executor_processes.ExecutorContext:
+    return executor_processes.make_context("forkserver")
 
 
 @pytest.fixture
@@ -371,7 +373,7 @@ def test_when_the_daemon_is_gone_a_blocked_loop_is_ended_too(start: Callable[...
 
 def test_an_async_executor_in_a_one_at_a_time_process_gets_one_clear_error(forkserver: Any, tmp_path: Path) -> None:
     task = make_task("GATHERING", {"expect": 1})
-    child = children.spawn(task, "tests.async_executors:Gathering", {}, tmp_path / "g.log", context=forkserver)
+    child = executor_launch.spawn(task, "tests.async_executors:Gathering", {}, tmp_path / "g.log", context=forkserver)
     try:
         messages: list[dict[str, Any]] = []
         while child.reap(0) is None or not child.status.closed:

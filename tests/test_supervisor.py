@@ -61,8 +61,9 @@ EXECUTORS = {
 }
 
 
-@pytest.fixture
-def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+def supervisors(tmp_path: Path, **defaults: Any) -> Iterator[Callable[..., Supervisor]]:
+    """Make supervisors on `tmp_path` with short timers (options as Settings'); all are stopped at
+    the end."""
     started: list[Supervisor] = []
 
     def make(**overrides: Any) -> Supervisor:
@@ -77,6 +78,7 @@ def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
             backoff_max=0.5,
             progress_interval=0.02,
         )
+        options.update(defaults)
         options.update(overrides)
         supervisor = Supervisor(Settings(**options))
         supervisor.start()
@@ -86,6 +88,11 @@ def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
     yield make
     for supervisor in started:
         supervisor.stop(grace=0, timeout=20)
+
+
+@pytest.fixture
+def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+    yield from supervisors(tmp_path)
 
 
 def submit(sup: Supervisor, task_type: str, **fields: Any) -> str:

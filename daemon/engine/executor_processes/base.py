@@ -39,6 +39,7 @@ START_METHODS = ("forkserver", "spawn")
 # importing the CLI into its children (daemon.service._children_skip_the_cli).
 FORKSERVER_PRELOAD = [
     "executors.endpoint",
+    "executors.event_loop",
     "executors.base",
     "daemon.models",
     "pkgutil",
@@ -170,12 +171,14 @@ class ExecutorProcess:
         last: bool,
         process: tuple[int, float | None] | None = None,
         limits: assignment.Limits = assignment.Limits(),
+        cancel_grace: float = 5.0,
     ) -> str:
         """Send the process its next attempt; the attempt's token. OSError if it has died or was
         given its last one.
 
         `process`: what `next_attempt_process` told the caller, who recorded it (looked up if None).
         `limits`: what the attempt may leave; its status channel refuses longer messages.
+        `cancel_grace`: how long an event-loop process lets a cancelled attempt end by itself.
         """
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
@@ -188,7 +191,9 @@ class ExecutorProcess:
         self.attempts += 1
         self.status.max_message = channel.frame_limit(limits.result_bytes)
         token = self.attempt_token
-        message = assignment.Assignment(task, executor_ref, dict(upstream), str(log_path), token, last, limits)
+        message = assignment.Assignment(
+            task, executor_ref, dict(upstream), str(log_path), token, last, limits, cancel_grace
+        )
         try:
             pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
         finally:

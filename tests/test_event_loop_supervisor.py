@@ -1,0 +1,123 @@
+"""The supervisor with event-loop executors (SPEC §15): many attempts of `async def` executors in
+one event-loop process, each steered, ended and recorded on its own; a loop that blocks gets its
+process replaced. The in-process Supervisor drives real event-loop processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from daemon import models
+from daemon.engine.executor_processes import EventLoopProcess
+from daemon.models import TaskStatus
+from daemon.store import db, tasks
+from daemon.submission import parse_spec
+from daemon.supervisor import Supervisor
+from tests.conftest import wait_for
+from tests.test_supervisor import get, submit, supervisors, wait_ended
+
+EXECUTORS = {
+    name.upper(): f"tests.async_executors:{name.title().replace('_', '')}"
+    for name in ("gathering", "raising", "until_cancelled", "stubborn", "pause_watcher", "self_pausing",
+                 "blocking", "until_file")
+} | {"ECHO": "tests.sample_executors:Echo"}
+
+
+@pytest.fixture
+def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+    """test_supervisor's supervisors, with the async executors and room for fifty attempts."""
+    yield from supervisors(tmp_path, executors=EXECUTORS, max_workers=50)
+
+
+def loop_processes(sup: Supervisor) -> list[EventLoopProcess]:
+    return sup.call(lambda: list(sup.loops))
+
+
+def test_fifty_attempts_run_at_once_in_one_event_loop_process(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    ids = [t.id for t in sup.submit([parse_spec({"type": "GATHERING", "payload": {"expect": 50}})] * 50).tasks]
+    ended = [wait_ended(sup, task_id) for task_id in ids]
+    # Each waited until all fifty had started: they overlapped, in one process.
+    assert {t.status for t in ended} == {TaskStatus.COMPLETED} and {t.result["seen"] for t in ended} == {50}
+    assert len({t.executor_pid for t in ended}) == 1 and len(loop_processes(sup)) == 1
+
+
+def test_one_attempts_exception_and_anothers_cancel_leave_the_rest_running(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor()
+    gate = tmp_path / "gate"
+    waiting = submit(sup, "UNTIL_FILE", payload={"path": str(gate)})
+    cancelled = submit(sup, "UNTIL_CANCELLED")
+    stubborn = submit(sup, "STUBBORN", payload={"swallow": False})
+    raising = submit(sup, "RAISING")
+    assert wait_ended(sup, raising).error_type == models.EXCEPTION
+    wait_for(lambda: get(sup, cancelled).progress == 1 and get(sup, stubborn).progress == 1)
+    sup.cancel(cancelled)
+    sup.cancel(stubborn)  # never looks at ctx.cancelled: its coroutine is cancelled after the grace
+    assert wait_ended(sup, cancelled).status is TaskStatus.CANCELLED
+    assert wait_ended(sup, stubborn).status is TaskStatus.CANCELLED
+    assert get(sup, waiting).status is TaskStatus.RUNNING
+    gate.touch()
+    done = wait_ended(sup, waiting)
+    assert done.status is TaskStatus.COMPLETED and len(loop_processes(sup)) == 1
+    assert done.executor_pid == get(sup, raising).executor_pid  # the same process throughout
+
+
+def test_a_user_pauses_and_resumes_an_async_attempt(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    task_id = submit(sup, "PAUSE_WATCHER")
+    wait_for(lambda: get(sup, task_id).progress == 1)
+    sup.pause(task_id)
+    wait_for(lambda: get(sup, task_id).progress == 2)  # it found itself paused
+    assert get(sup, task_id).is_paused
+    sup.resume(task_id)
+    done = wait_ended(sup, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.result == {"cancelled": False} and not done.is_paused
+
+
+def test_a_self_pause_shows_paused_until_the_executor_resumes_itself(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    task_id = submit(sup, "SELF_PAUSING", payload={"self_resume": True})
+    done = wait_ended(sup, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.result == {"resumed": True} and not done.is_paused
+
+
+def test_a_blocked_loop_gets_its_process_replaced_and_its_attempts_crash(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor()
+    sup.call(lambda: setattr(sup.loops, "block_limit", 0.5))
+    gate = tmp_path / "gate"
+    beside = submit(sup, "UNTIL_FILE", payload={"path": str(gate)})
+    wait_for(lambda: get(sup, beside).progress == 1)
+    blocking = submit(sup, "BLOCKING", payload={"seconds": 60})
+    first = wait_ended(sup, blocking)
+    assert first.status is TaskStatus.FAILED and first.error_type == models.CRASHED
+    # Every attempt of the process ended with it.
+    assert wait_ended(sup, beside).error_type == models.CRASHED
+    after = submit(sup, "GATHERING", payload={"expect": 0})
+    done = wait_ended(sup, after)
+    assert done.status is TaskStatus.COMPLETED and done.executor_pid != first.executor_pid
+
+
+def test_a_shutdown_puts_async_attempts_back(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    task_id = submit(sup, "UNTIL_FILE", payload={"path": str(tmp_path / "never")})
+    wait_for(lambda: get(sup, task_id).progress == 1)
+    sup.stop(grace=0, timeout=20)
+    reader = db.open_database(tmp_path / "fredica.db")
+    try:
+        assert tasks.get(reader, task_id).status is TaskStatus.PENDING
+    finally:
+        reader.close()
+
+
+def test_sync_and_async_tasks_run_side_by_side(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_workers=4)
+    sync = submit(sup, "ECHO", payload={"word": "hi"})
+    asynchronous = submit(sup, "GATHERING", payload={"expect": 1})
+    assert wait_ended(sup, sync).status is TaskStatus.COMPLETED
+    assert wait_ended(sup, asynchronous).status is TaskStatus.COMPLETED
