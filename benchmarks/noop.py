@@ -17,3 +17,15 @@ class Noop(TaskExecutor):
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         return ExecuteResult(result={})
+
+
+class AsyncSleep(TaskExecutor):
+    """An event-loop executor that sleeps `seconds` (default 1) without blocking its loop."""
+
+    task_type = "ASYNC_SLEEP"
+
+    async def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:  # type: ignore[override]
+        import asyncio
+
+        await asyncio.sleep(float(task.payload.get("seconds", 1.0)))
+        return ExecuteResult(result={})

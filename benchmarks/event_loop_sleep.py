@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""10,000 event-loop tasks that each `await asyncio.sleep(1)`, submitted as one batch (issue 13,
+SPEC §15): how long until all have completed, and the memory of the daemon and its executor
+processes meanwhile. Run by hand:
+
+    python3 benchmarks/event_loop_sleep.py                  # 10,000 tasks, 2 event-loop processes
+    python3 benchmarks/event_loop_sleep.py --tasks 2000 --processes 1
+
+Starts the real daemon (`python3 -m daemon daemon --config FILE`, as `fredica daemon` runs) on a
+fresh temp directory, with `max_workers` = the number of tasks (every one may run at once) and
+the benchmark's ASYNC_SLEEP executor (benchmarks/noop.py). Submits them with the real CLI,
+`fredica submit --batch FILE`, then asks `fredica status --json` until all have completed. The
+time is from just before the submit command starts to the first status that shows them all
+completed. Memory: the daemon and all its descendants, sampled every 0.1 s by psutil; the peak of
+the summed RSS (which counts pages shared by the fork server's children once per process: an
+upper bound) and of the summed USS (pages each process alone holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fredica(config: Path, *args: str) -> str:
+    command = [sys.executable, "-m", "daemon", *args, "--config", str(config)]
+    return subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO).stdout
+
+
+def sample_memory(root: psutil.Process, stop: threading.Event, peaks: dict[str, float]) -> None:
+    while not stop.is_set():
+        rss = uss = 0
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                info = proc.memory_full_info()
+            except psutil.Error:
+                continue
+            rss += info.rss
+            uss += info.uss
+        peaks["rss"] = max(peaks.get("rss", 0), rss / 2**20)
+        peaks["uss"] = max(peaks.get("uss", 0), uss / 2**20)
+        stop.wait(0.1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=1.0, help="how long each task sleeps")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="fredica-bench-loop-"))
+    config = tmp / "fredica.toml"
+    config.write_text(
+        f'[daemon]\ndatabase = "{tmp}/fredica.db"\nsocket = "{tmp}/control.sock"\nlog_dir = "{tmp}/logs"\n'
+        f"max_workers = {args.tasks}\n\n"
+        f'[executors]\nASYNC_SLEEP = "benchmarks.noop:AsyncSleep"\n'
+    )
+    batch = tmp / "batch.jsonl"
+    line = json.dumps({"type": "ASYNC_SLEEP", "payload": {"seconds": args.seconds}})
+    batch.write_text("\n".join([line] * args.tasks) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    daemon = subprocess.Popen([sys.executable, "-m", "daemon", "daemon", "--config", str(config)],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "daemon.err", "w"))
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp / "control.sock").exists():
+            assert daemon.poll() is None and time.monotonic() < deadline, (tmp / "daemon.err").read_text()
+            time.sleep(0.05)
+        peaks: dict[str, float] = {}
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_memory, args=(psutil.Process(daemon.pid), stop, peaks))
+        sampler.start()
+        t0 = time.perf_counter()
+        fredica(config, "submit", "--batch", str(batch))
+        submitted = time.perf_counter() - t0
+        while True:
+            counts = json.loads(fredica(config, "status", "--json"))["counts"]
+            if counts.get("completed", 0) >= args.tasks:
+                break
+            if counts.get("failed", 0) or counts.get("cancelled", 0):
+                raise SystemExit(f"tasks did not complete: {counts}")
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
+        load = os.getloadavg()
+        print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}); load average {load[0]:.2f}")
+        print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s")
+        print(f"peak memory, daemon + executor processes: RSS {peaks['rss']:.0f} MB, USS {peaks['uss']:.0f} MB")
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
