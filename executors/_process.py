@@ -73,6 +73,19 @@ def absolute_path(value: object, key: str) -> Path:
     return path
 
 
+def output_path(value: object, key: str = "output") -> Path:
+    """The payload's `key`, an absolute path of a file to write (not a directory); PayloadError
+    says what is wrong."""
+    path = absolute_path(value, key)
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # e.g. a name too long
+        raise PayloadError(f"{key} is not a usable path ({exc.strerror}): {value!r}") from None
+    if is_dir:
+        raise PayloadError(f"{key} is a directory: {value}")
+    return path
+
+
 def payload_error(message: object) -> ExecuteResult:
     """The never-retried PAYLOAD_ERROR result."""
     return ExecuteResult(error=str(message), error_type=models.PAYLOAD_ERROR)

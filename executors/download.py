@@ -105,7 +105,7 @@ class DownloadSpec:
             raise _process.PayloadError(f"url is not a valid URL ({exc}): {url!r}") from None
         _require(parts.scheme in ("http", "https") and bool(parts.hostname),
                  f"url must be an http(s) URL with a host, not {url!r}")
-        path = _output_path(output)
+        path = _process.output_path(output)
         sha256 = payload.get("sha256")
         _require(sha256 is None or (isinstance(sha256, str) and bool(_SHA256.fullmatch(sha256))),
                  "sha256 must be 64 hex digits")
@@ -121,16 +121,6 @@ class DownloadSpec:
         _require(type(stall) in (int, float) and 0 < stall <= 3600,
                  "stall_timeout must be a number of seconds in (0, 3600]")
         return cls(url, path, sha256.lower() if sha256 else None, dict(headers), size, float(stall))
-
-
-def _output_path(output: object) -> Path:
-    path = _process.absolute_path(output, "output")
-    try:
-        is_dir = path.is_dir()
-    except OSError as exc:  # e.g. a name too long
-        raise _process.PayloadError(f"output is not a usable path ({exc.strerror}): {output!r}") from None
-    _require(not is_dir, f"output is a directory: {output}")
-    return path
 
 
 def _require(condition: bool, message: str) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
 import pickle
 import select
@@ -77,6 +78,9 @@ def serve(
 ) -> NoReturn:
     """Entry point of an event-loop executor process (see the module's docstring)."""
     prepare_process()
+    # A segfault (an extension module) ends every attempt here: its traceback goes to the
+    # process's stderr, the daemon's, as no one attempt's log can be told apart.
+    faulthandler.enable(file=2, all_threads=True)
     adopt_orphans()  # what attempts start and orphan is ours to end at the exit
     route_to_attempt_logs()
     status = StatusQueue(status_connection)
@@ -187,7 +191,11 @@ class EventLoopProcess:
         self.orphaned = True
         if not _ending.acquire(blocking=False):
             threading.Event().wait()  # another thread is at it, and exits
-        for attempt in list(self.attempts.values()):
+        try:
+            attempts = list(self.attempts.values())
+        except RuntimeError:  # changed by the loop's thread meanwhile (this is the watch thread)
+            attempts = list(self.attempts.values())
+        for attempt in attempts:
             attempt.log_orphaned()
         self.exit(1, holding_the_lock=True)
 

@@ -64,6 +64,7 @@ BUILTINS = {
     "SHELL": "executors.shell:ShellExecutor",
     "DOWNLOAD": "executors.download:DownloadExecutor",
     "TRANSCODE_MP4": "executors.transcode:TranscodeExecutor",
+    "HTTP_REQUEST": "executors.http_request:HttpRequestExecutor",  # an event-loop executor
 }
 
 

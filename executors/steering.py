@@ -8,6 +8,10 @@ process, so a command meant for an earlier attempt, even of the same task, never
 one): `TaskContext` still gets a cancel Event and a resume Event (set = running), and the seed's
 pause protocol (clear, put, wait) is unchanged.
 
+An event-loop process (`executors.event_loop`) reads the pipe with its loop instead, and hands
+the bytes to a `Commands`, as `ControlReader` does: one parser and one routing of commands for
+both, to the many attempts the loop holds (each a `Steered`, with asyncio Events).
+
 The thread starts the first time an attempt uses one of its Events, after applying every command
 already in the pipe, so that use sees them all. An attempt that never looks at its Events (most
 short tasks) never pays for a thread; in a fresh fork per attempt that is a fifth of its cost.
