@@ -21,6 +21,8 @@ Shapes of the blocked mass:
   task per run over runs of its own.
 - delayed/few-runs: the mass is not blocked by a dependency but waits out a retry delay
   (`not_before` far in the future, as after a burst of failures with backoff); batches of 5,000.
+- other-queue/few-runs: the mass is ready, but in another queue (`bulk`, SPEC §15), which has
+  none of its workers free: the claims of `default` must not walk past it; batches of 5,000.
 In the few-runs shapes the ready pool is spread over the same runs as the waiting mass, so every
 completion refreshes a run that holds thousands of waiting tasks.
 
@@ -113,11 +115,13 @@ def build_few_runs(conn: sqlite3.Connection, size: int, ready: int, shape: str, 
                 TaskSpec(type="BLOCKED", priority=rng.randint(-5, 5), depends_on=(gates[i % GATES],))
                 for i in range(count)
             ]
+        elif shape == "other-queue":
+            specs = [TaskSpec(type="BULK", priority=rng.randint(-5, 5)) for _ in range(count)]
         else:  # delayed: ready tasks waiting for a retry delay, made below
             specs = [TaskSpec(type="DELAYED", priority=rng.randint(-5, 5)) for _ in range(count)]
         # Ready tasks interleaved with the blocked ones, in the same run.
         specs = specs + pools[run]
-        tasks.submit(conn, specs, now=NOW)
+        tasks.submit(conn, specs, now=NOW, routes={"BULK": "bulk"})
     if shape == "delayed":
         # Push them back with a retry far in the future: claim, start, retry (one transaction per batch).
         delayed = [row[0] for row in conn.execute("SELECT id FROM task WHERE type = 'DELAYED'")]
@@ -148,6 +152,7 @@ SHAPES: dict[str, Callable[[sqlite3.Connection, int, int, random.Random], None]]
     "fan-in/few-runs": lambda c, n, r, g: build_few_runs(c, n, r, "fan-in", g),
     "chains/many-runs": lambda c, n, r, g: build_many_runs(c, n, r, "chains", g),
     "delayed/few-runs": lambda c, n, r, g: build_few_runs(c, n, r, "delayed", g),
+    "other-queue/few-runs": lambda c, n, r, g: build_few_runs(c, n, r, "other-queue", g),
 }
 
 
@@ -157,7 +162,7 @@ def build(path: Path, shape: str, size: int, ready: int) -> float:
     SHAPES[shape](conn, size, ready, random.Random(size))
     counts = dict(conn.execute("SELECT status, count(*) FROM task GROUP BY status").fetchall())
     blocked = conn.execute("SELECT count(*) FROM task WHERE status = 'pending' AND unmet_deps > 0").fetchone()[0]
-    if shape != "delayed/few-runs":
+    if shape not in ("delayed/few-runs", "other-queue/few-runs"):
         assert blocked == size, (shape, size, blocked, counts)
     assert counts.get("running") == GATES and counts.get("pending") == size + ready, (shape, counts)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

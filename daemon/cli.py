@@ -148,6 +148,7 @@ def run_daemon() -> None:
     metavar="S",
     help="Seconds before it is stopped.",
 )
+@click.option("--queue", metavar="NAME", help="The queue that runs it (default: the one its type is routed to).")
 @click.option(
     "--batch",
     type=click.File("r", encoding="utf-8"),
@@ -158,7 +159,8 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
     """Submit one task (or a --batch); print the task ids.
 
     A batch is a JSON-lines file, one task object per line with `type` and the optional fields
-    (payload, priority, depends_on, max_retries, idempotency_key, material_id, timeout, key, id);
+    (payload, priority, depends_on, max_retries, idempotency_key, material_id, timeout, queue,
+    key, id);
     depends_on may name the id or key of an earlier line. The batch is one run, stored atomically.
     """
     if (task_type is None) == (batch is None):
@@ -477,3 +479,55 @@ def status(as_json: bool) -> None:
         echo_json(data)
     else:
         echo_lines(render.status_lines(data))
+
+
+@command(main, "queues")
+@json_option
+def list_queues(as_json: bool) -> None:
+    """List the queues: workers, busy, waiting, paused."""
+    rows = call("queues")
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_lines(render.queue_table(rows))
+
+
+@main.group("queue", cls=FredicaGroup)
+@config_option()
+def queue() -> None:
+    """Control one queue: pause, resume, or resize it."""
+
+
+@command(queue, "pause")
+@click.argument("name")
+def queue_pause(name: str) -> None:
+    """Stop claiming tasks in a queue; its running tasks go on.
+
+    The pause is kept in the database: it lasts across daemon restarts until `queue resume`.
+    """
+    reply = call("queue_pause", name=name)
+    note = "" if reply.get("changed") else " (it already was)"
+    click.echo(f"paused queue {name}{note}: running tasks go on, nothing more is claimed (kept across restarts)")
+
+
+@command(queue, "resume")
+@click.argument("name")
+def queue_resume(name: str) -> None:
+    """Claim tasks in a paused queue again."""
+    reply = call("queue_resume", name=name)
+    note = "" if reply.get("changed") else " (it was not paused)"
+    click.echo(f"resumed queue {name}{note}")
+
+
+@command(queue, "workers")
+@click.argument("name")
+@click.argument("workers", type=click.IntRange(min=1), metavar="N")
+def queue_workers(name: str, workers: int) -> None:
+    """Run up to N tasks at once in a queue, until the daemon stops.
+
+    The config sets the size again at the next start. Fewer workers than it runs stops nothing:
+    it claims again once fewer run.
+    """
+    call("queue_workers", name=name, workers=workers)
+    click.echo(f"queue {name} now has {workers} worker{'s' * (workers != 1)} "
+               "(until the daemon stops: the config sets it at the next start)")

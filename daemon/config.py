@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from daemon import templates
+from daemon import queues, templates
 from daemon.errors import FredicaError
 
 
@@ -65,6 +65,8 @@ class Settings:
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     templates: Mapping[str, templates.Template] = dataclasses.field(default_factory=dict)
+    # The [queues.NAME] tables other than `default`; `all_queues` has every queue.
+    queues: Mapping[str, queues.QueueConfig] = dataclasses.field(default_factory=dict)
     source: Path | None = None
 
     @classmethod
@@ -76,6 +78,11 @@ class Settings:
             socket=_runtime_dir(env) / "control.sock",
             log_dir=state / "logs",
         )
+
+    @property
+    def all_queues(self) -> dict[str, queues.QueueConfig]:
+        """Every queue, `default` first (with max_workers workers)."""
+        return queues.with_default(self.queues, self.max_workers)
 
     def task_log(self, task_id: str) -> Path:
         return self.log_dir / "tasks" / f"{task_id}.log"
@@ -116,7 +123,7 @@ RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),
     "backoff_max": ((int, float), _NON_NEGATIVE),
 }
-SECTIONS = {"daemon", "retry", "executors", "templates"}
+SECTIONS = {"daemon", "retry", "executors", "templates", "queues"}
 
 
 def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
@@ -189,7 +196,20 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
         parsed = templates.parse_all(raw_templates)
     except templates.TemplateError as exc:
         raise ConfigError(f"[templates] {exc.message}") from None
-    return dataclasses.replace(base, **values, executors=dict(executors), templates=parsed, source=source)
+    try:
+        parsed_queues = queues.parse(data.get("queues", {}))
+    except queues.QueueError as exc:
+        raise ConfigError(exc.message) from None
+    for template in parsed.values():
+        for task in template.tasks:
+            if task.spec.queue is not None and task.spec.queue not in {queues.DEFAULT, *parsed_queues}:
+                raise ConfigError(
+                    f"[templates] template {template.name}, task {task.name}: unknown queue {task.spec.queue!r}; "
+                    f"configured: {', '.join([queues.DEFAULT, *parsed_queues])}"
+                )
+    return dataclasses.replace(
+        base, **values, executors=dict(executors), templates=parsed, queues=parsed_queues, source=source
+    )
 
 
 SYSTEM_CONFIG = Path("/etc/fredica/config.toml")

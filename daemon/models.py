@@ -110,6 +110,8 @@ class Task:
     completed_at: float | None
     heartbeat_at: float | None
     payload_refs: bool = False  # the payload names dependencies' results, filled in at dispatch
+    queue: str = "default"  # the queue that claims it (SPEC §15)
+    queue_explicit: bool = False  # named by the submitter, not routed by type
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Task":
@@ -143,6 +145,8 @@ class Task:
             completed_at=row["completed_at"],
             heartbeat_at=row["heartbeat_at"],
             payload_refs=bool(row["payload_refs"]),
+            queue=row["queue"],
+            queue_explicit=bool(row["queue_explicit"]),
         )
 
     @property

@@ -18,6 +18,7 @@ from daemon import faults, protocol, recovery
 from daemon.errors import FredicaError, UnknownTask
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
+from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
 
@@ -57,8 +58,10 @@ class Handlers:
         return {
             "pid": os.getpid(),
             "uptime": round(sup.clock() - sup.started_at, 3),
-            "max_workers": self.settings.max_workers,
+            # Every queue's workers (the config's max_workers when no other queue is set).
+            "max_workers": sup.queues.total_workers,
             "busy_workers": len(sup.running),
+            "queues": {row.pop("name"): row for row in self.op_queues()},
             "counts": tasks.count_by_status(self._reader()),
             "database": str(self.settings.database),
             "socket": str(self.settings.socket),
@@ -102,7 +105,27 @@ class Handlers:
     def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
         return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=all)]
 
+    def op_queues(self) -> list[dict[str, Any]]:
+        sup = self.sup
+        busy = sup.busy_by_queue()
+        waiting = queue_store.waiting(self._reader())
+        return [
+            {"name": name, "workers": sup.queues.workers[name], "busy": busy.get(name, 0),
+             "waiting": waiting.get(name, 0), "paused": name in sup.queues.paused}
+            for name in sup.queues.names
+        ]
+
     # --- mutations, run on the supervisor's loop thread -----------------------------------------
+
+    def op_queue_pause(self, name: str) -> dict[str, Any]:
+        return {"name": name, "changed": self.sup.set_queue_paused(name, True)}
+
+    def op_queue_resume(self, name: str) -> dict[str, Any]:
+        return {"name": name, "changed": self.sup.set_queue_paused(name, False)}
+
+    def op_queue_workers(self, name: str, workers: int) -> dict[str, Any]:
+        self.sup.set_queue_workers(name, workers)
+        return {"name": name, "workers": workers}
 
     def op_submit(self, tasks: Any, template: str = "adhoc", material_id: str | None = None) -> dict[str, Any]:
         if not isinstance(tasks, list):
@@ -152,7 +175,8 @@ class Handlers:
 
     def op_restarts_recreate(self, id: int) -> dict[str, Any]:
         sup = self.sup
-        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock()))
+        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock(), routes=sup.queues.routes,
+                                                        queue_names=sup.queues.names))
         sup.wake()
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
 

@@ -89,6 +89,12 @@ class IdleProcesses:
         if process in self._lent:
             self._lent.remove(process)
 
+    def resize(self, slots: int) -> None:
+        """Change the number of worker slots (`fredica queue workers`): idle processes over the
+        new bound end now; busy ones are counted against it as they come back (`_trim`)."""
+        self._limit = slots + (1 if self._warm_spare else 0)
+        self._shed_excess()
+
     def tick(self, now: float) -> None:
         """Run every tick of the loop: read the reports idle launchers sent, end the processes
         idle for longer than the timeout, and start the spare if none waits.
@@ -195,6 +201,15 @@ class IdleProcesses:
         for process in list(self._processes):
             if now - self._idle_since.get(process.pid, now) > self._idle_timeout:
                 self._end(process, "idle_timeout")
+        if len(self._processes) + len(self._lent) > self._limit:  # cheap: no process is asked
+            self._shed_excess()
+
+    def _shed_excess(self) -> None:
+        """After the slots were cut: end the oldest idle processes while there are more processes
+        than the bound."""
+        self._lent = [p for p in self._lent if p.is_alive()]
+        while self._processes and len(self._processes) + len(self._lent) > self._limit:
+            self._end(self._processes[0], "over_bound")
 
     def _end_stuck_forks(self) -> None:
         """A launcher whose fork sent its result long ago but has not exited (stuck in its own

@@ -42,6 +42,10 @@ OPERATIONS: dict[str, frozenset[str]] = {
     "restarts": frozenset({"all"}),
     "restarts_dismiss": frozenset({"id"}),
     "restarts_recreate": frozenset({"id"}),
+    "queues": frozenset(),
+    "queue_pause": frozenset({"name"}),
+    "queue_resume": frozenset({"name"}),
+    "queue_workers": frozenset({"name", "workers"}),
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import uuid
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import structlog
 
@@ -94,10 +94,18 @@ def undo_interrupted(registry: Registry, interrupted: Sequence[Task]) -> None:
             outcomes.failure_hook(executor, task)()
 
 
-def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Submission:
+def recreate(
+    conn: sqlite3.Connection,
+    entry_id: int,
+    *,
+    now: float,
+    routes: Mapping[str, str] | None = None,
+    queue_names: Collection[str] = ("default",),
+) -> tasks.Submission:
     """A new workflow run with a copy of an interrupted task and of the tasks its failure cancelled.
 
-    The copies keep type, payload, priority, retries, timeout and idempotency key; dependencies on
+    The copies keep type, payload, priority, retries, timeout, idempotency key and a queue their
+    submitter named, if it is still in `queue_names` (else they go by `routes`); dependencies on
     tasks outside the copy stay as they were (they had completed, or the task could not have run),
     dependencies among the copies point at the copies. The log entry becomes `recreated`.
     """
@@ -134,6 +142,7 @@ def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Su
                 timeout=t.timeout,
                 key=t.id,
                 payload_refs=t.payload_refs,
+                queue=t.queue if t.queue_explicit and t.queue in queue_names else None,
             )
             for t in included
         ]
@@ -144,6 +153,7 @@ def recreate(conn: sqlite3.Connection, entry_id: int, *, now: float) -> tasks.Su
             now=now,
             template=run.template if run else "adhoc",
             material_id=run.material_id if run else original.material_id,
+            routes=routes,
         )
         restarts.resolve(conn, entry_id, "recreated", now=now, new_run_id=submission.run_id)
     log.info("restart_entry_recreated", entry_id=entry_id, task_id=original.id, run_id=submission.run_id,

@@ -190,6 +190,8 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
         ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
         ("tasks", ", ".join(f"{counts.get(name, 0)} {name}" for name in order)),
     ]
+    if status.get("queues"):
+        facts.append(("queues", queues_summary(status["queues"])))
     if status.get("recovering"):
         facts.append(("state", "recovering (not claiming yet)"))
     if status.get("database_fault"):
@@ -199,6 +201,25 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
             facts.append((key.replace("_", " "), str(status[key])))
     width = max(len(label) for label, _ in facts)
     return [f"{label:<{width}}  {text}" for label, text in facts]
+
+
+def queues_summary(queues: Mapping[str, Mapping[str, Any]]) -> str:
+    """`default 1/2 busy 3 waiting; media 1/1 busy 0 waiting paused`"""
+    parts = []
+    for name, q in queues.items():
+        text = f"{name} {q.get('busy', 0)}/{q.get('workers', '?')} busy {q.get('waiting', 0)} waiting"
+        parts.append(text + (" paused" if q.get("paused") else ""))
+    return "; ".join(parts)
+
+
+def queue_table(queues: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`fredica queues`: one row per queue."""
+    rows = [
+        [str(q.get("name")), str(q.get("workers")), str(q.get("busy", 0)), str(q.get("waiting", 0)),
+         "paused" if q.get("paused") else "-"]
+        for q in queues
+    ]
+    return table(["QUEUE", "WORKERS", "BUSY", "WAITING", "PAUSED"], rows, right=("WORKERS", "BUSY", "WAITING"))
 
 
 def cancel_summary(reply: Mapping[str, Any]) -> str:

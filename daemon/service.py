@@ -171,6 +171,8 @@ def _serve(settings: config.Settings) -> int:
         with _starting(f"startup recovery could not write the database {settings.database}"):
             report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
         recovery.undo_interrupted(supervisor.registry, report.interrupted_tasks)
+        with _starting(f"re-routing waiting tasks could not write the database {settings.database}"):
+            supervisor.reroute_waiting(time.time())  # after recovery: the tasks it put back too
 
         # Clients that connected during recovery are answered from now on: their requests must
         # wait for the loop below, never run on their own threads while it starts.

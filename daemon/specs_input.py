@@ -20,6 +20,7 @@ SPEC_FLAGS = {
     "idempotency_key": "--idempotency-key",
     "material_id": "--material",
     "timeout": "--timeout",
+    "queue": "--queue",
 }
 
 
@@ -35,7 +36,7 @@ def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]
             raise FredicaError("--payload is nested too deeply") from None
         if not isinstance(spec["payload"], dict):
             raise FredicaError("--payload must be a JSON object, like '{\"url\": \"...\"}'")
-    for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout"):
+    for field in ("priority", "max_retries", "idempotency_key", "material_id", "timeout", "queue"):
         if options[field] is not None:
             spec[field] = options[field]
     if options["depends_on"]:

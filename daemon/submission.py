@@ -12,6 +12,7 @@ import math
 import uuid
 from typing import Any, Mapping, Sequence
 
+from daemon import queues
 from daemon.errors import SubmissionRefused
 
 MAX_PRIORITY = 1_000_000
@@ -28,6 +29,7 @@ SPEC_FIELDS = frozenset(
         "idempotency_key",
         "material_id",
         "timeout",
+        "queue",
     }
 )
 
@@ -44,6 +46,7 @@ class TaskSpec:
     idempotency_key: str | None = None
     material_id: str | None = None
     timeout: float | None = None
+    queue: str | None = None  # named by the submitter; None: routed by type (daemon/queues.py)
     key: str | None = None
     id: str | None = None
     # Set by templates only, never from a request: the payload names dependencies' results by
@@ -107,6 +110,12 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
             raise SubmissionRefused("timeout is too large") from None
         if not (math.isfinite(timeout) and timeout > 0):
             raise SubmissionRefused("timeout must be a positive number of seconds")
+    queue = data.get("queue")
+    if queue is not None:
+        try:
+            queues.check_name(queue)
+        except queues.QueueError as exc:
+            raise SubmissionRefused(exc.message) from None
     task_id = _optional_text(data.get("id"), "id")
     if task_id is not None:
         try:
@@ -123,6 +132,7 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
         idempotency_key=_optional_text(data.get("idempotency_key"), "idempotency_key"),
         material_id=_optional_text(data.get("material_id"), "material_id"),
         timeout=timeout,
+        queue=queue,
         key=_optional_text(data.get("key"), "key"),
         id=task_id,
     )

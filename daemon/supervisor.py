@@ -13,6 +13,7 @@ hand the work to the loop (`daemon.handoff`) and wait for its answer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -23,7 +24,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import structlog
 
-from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, templates
+from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, queues, templates
 from daemon.engine import event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
@@ -32,6 +33,7 @@ from daemon.handoff import LoopHandoff
 from daemon.models import Task
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
+from daemon.store import queues as queue_store
 from daemon.submission import TaskSpec
 from executors import assignment
 from executors.registry import Registry
@@ -72,12 +74,14 @@ class Supervisor:
         processes.anchor_to(self.conn)  # before any process start is recorded or looked for
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
         templates.check_task_types(settings.templates, self.registry)
+        queues.check_task_types(settings.all_queues, self.registry)
+        self.queues = queues.Queues(settings.all_queues, paused=queue_store.paused(self.conn))
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = executor_processes.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, Attempt] = {}
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",
-            settle_timeout=settings.cancel_grace, slots=settings.max_workers,
+            settle_timeout=settings.cancel_grace, slots=self.queues.total_workers,
             idle_timeout=settings.idle_process_timeout,
         )
         self.loops = event_loops.EventLoops(self.context)
@@ -134,9 +138,12 @@ class Supervisor:
     def submit(
         self, specs: Sequence[TaskSpec], *, template: str = "adhoc", material_id: str | None = None
     ) -> tasks.Submission:
-        """Store a run with `specs` as its tasks; the loop claims them on its next tick."""
+        """Store a run with `specs` as its tasks, each in its queue (named, else routed by type);
+        the loop claims them on its next tick. A queue that is not configured refuses it all."""
+        self.queues.check_specs(specs)
         return self.call(
-            lambda: tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id)
+            lambda: tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id,
+                                 routes=self.queues.routes)
         )
 
     def cancel(self, target_id: str) -> CancelReport:
@@ -152,6 +159,30 @@ class Supervisor:
         """Resume a paused task: command its process to set its resume Event, and record
         `is_paused = 0`."""
         return self.call(lambda: self._set_paused(task_id, False, self.clock()))
+
+    def set_queue_paused(self, name: str, paused: bool) -> bool:
+        """Stop (or restart) claiming in a queue; its running tasks go on. Kept in the database,
+        so it outlasts a restart. False if the queue already was so."""
+        self.queues.require(name)
+        return self.call(lambda: self._set_queue_paused(name, paused, self.clock()))
+
+    def set_queue_workers(self, name: str, workers: int) -> None:
+        """Resize a queue until the daemon stops (the config sets it at the next start). Fewer
+        than it runs stops nothing: it claims again once fewer run than it may."""
+        self.queues.require(name)
+        queues.check_workers(f"queue {name}:", workers)
+        self.call(lambda: self._set_queue_workers(name, workers))
+
+    def busy_by_queue(self) -> dict[str, int]:
+        """How many attempts each queue runs now (any thread: a copy of the loop's view)."""
+        return dict(collections.Counter(rt.task.queue for rt in list(self.running.values())))
+
+    def reroute_waiting(self, now: float) -> None:
+        """At start, after recovery: move waiting tasks to the queues this config routes them to
+        (their type's route changed, or the queue they named is gone); one line says how many."""
+        moved = queue_store.reroute(self.conn, self.queues.routes, self.queues.names, queues.DEFAULT)
+        if moved:
+            log.info("tasks_rerouted", tasks=sum(moved.values()), to_queues=moved)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -262,6 +293,7 @@ class Supervisor:
             return self._tick_without_writes(self.clock() if now is None else now)
         answers: list[handoff.Answer] = []
         self._finished, self._dispatched, self._stops = [], [], []
+        queues_before = self.queues.state()  # requests may change them: undone with the tick
         if self.conn.in_transaction:  # a ROLLBACK that failed: never build on a dead transaction
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
@@ -276,6 +308,8 @@ class Supervisor:
         except BaseException as exc:
             kind = faults.classify(exc)
             self._roll_back_memory()
+            self.queues.restore(queues_before)
+            self.idle.resize(self.queues.total_workers)
             self._handoff.refuse(answers, faults.refusal(kind) if kind is not None else exc)
             if kind is None:
                 raise
@@ -423,7 +457,7 @@ class Supervisor:
         if self.fault is not None:
             state += "; " + self.fault.summary(self.clock())
         return (
-            f"{state}: {len(self.running)}/{self.settings.max_workers} workers busy; since start "
+            f"{state}: {len(self.running)}/{self.queues.total_workers} workers busy; since start "
             f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
         )
 
@@ -441,26 +475,45 @@ class Supervisor:
                 raise  # the database's fault, not the task's: the whole tick is rolled back
             rt.log.exception("supervisor_error")
 
+    def _free(self, queue: str) -> int:
+        """How many more attempts `queue` may start now (none, or less than none, when shrunk)."""
+        busy = sum(1 for rt in self.running.values() if rt.task.queue == queue)
+        return self.queues.workers[queue] - busy
+
     def _claim(self, now: float) -> None:
-        while (free := self.settings.max_workers - len(self.running)) > 0:
-            batch = tasks.claim_ready(self.conn, now, free, promote_delayed=self._delayed_possible)
-            for task in batch:
-                try:
-                    with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
-                        self._dispatch(task, now)
-                except Exception as exc:
-                    if faults.classify(exc) is not None:
-                        raise
-                    log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
-                    self.running.pop(task.id, None)
-                    error = "the supervisor could not dispatch the task"
-                    self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
-            # Fewer ready tasks than free slots: nothing else is ready, unless a task that ended
-            # at once (skipped, no executor, failed dispatch) made its dependents ready. Those
-            # come after the rest of this batch, whatever their priority: they were not ready
-            # when it was claimed.
-            if len(batch) < free and self.settings.max_workers - len(self.running) == free - len(batch):
-                return
+        """Each queue that is not paused claims into its own free workers, by priority, then
+        submission order, among its own tasks: a full queue holds no other back."""
+        promote = self._delayed_possible  # once a tick: claim_ready makes due retries ready
+        again = True
+        while again:
+            again = False
+            for queue in self.queues.claimable():
+                free = self._free(queue)
+                if free <= 0:
+                    continue
+                batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote)
+                promote = False
+                running_before = len(self.running)
+                for task in batch:
+                    self._dispatch_claimed(task, now)
+                # A task that ended at once (skipped, no executor, failed dispatch) may have made
+                # its dependents ready, in any queue: another pass claims them. They come after
+                # the rest of this batch, whatever their priority: they were not ready when it
+                # was claimed.
+                if len(self.running) - running_before < len(batch):
+                    again = True
+
+    def _dispatch_claimed(self, task: Task, now: float) -> None:
+        try:
+            with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
+                self._dispatch(task, now)
+        except Exception as exc:
+            if faults.classify(exc) is not None:
+                raise
+            log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
+            self.running.pop(task.id, None)
+            error = "the supervisor could not dispatch the task"
+            self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
 
     def _next_timeout(self, now: float) -> float:
         """How long the loop may sleep. Reading the earliest delayed retry here is also what
@@ -468,7 +521,8 @@ class Supervisor:
         s = self.settings
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
-        if len(self.running) < s.max_workers and self._delayed_possible:  # a delay matters with a free slot
+        if self._delayed_possible and any(self._free(name) > 0 for name in self.queues.claimable()):
+            # A delay matters with a free worker.
             ready_at = tasks.next_ready_at(self.conn)
             if ready_at is not None:
                 deadlines.append(ready_at)
@@ -750,6 +804,21 @@ class Supervisor:
         assert rt is not None  # pause_by_user refuses a task that no attempt of ours runs
         self._outbox.append(lambda: command() if self.running.get(task_id) is rt else None)
         return task
+
+    # --- queues ---------------------------------------------------------------------------------
+
+    def _set_queue_paused(self, name: str, paused: bool, now: float) -> bool:
+        changed = queue_store.set_paused(self.conn, name, paused, now=now)
+        (self.queues.paused.add if paused else self.queues.paused.discard)(name)
+        if changed:
+            self._outbox.append(lambda: log.info("queue_paused" if paused else "queue_resumed", queue=name))
+        return changed
+
+    def _set_queue_workers(self, name: str, workers: int) -> None:
+        before = self.queues.workers[name]
+        self.queues.workers[name] = workers
+        self.idle.resize(self.queues.total_workers)
+        self._outbox.append(lambda: log.info("queue_resized", queue=name, workers=workers, was=before))
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from daemon.submission import SubmissionRefused, TaskSpec, parse_spec
 
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(@?[\w-]+(?:\.[\w-]+)*)\}")
 TEMPLATE_KEYS = {"description", "params", "defaults", "tasks"}
-TASK_KEYS = {"type", "payload", "depends_on", "priority", "max_retries", "timeout", "idempotency_key"}
+TASK_KEYS = {"type", "payload", "depends_on", "priority", "max_retries", "timeout", "idempotency_key", "queue"}
 
 
 class TemplateError(FredicaError):

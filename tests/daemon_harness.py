@@ -36,7 +36,10 @@ def toml_value(value: Any) -> str:
 class Daemon:
     """One daemon process on a config of its own under `root`."""
 
-    def __init__(self, root: Path, **daemon_options: Any) -> None:
+    def __init__(
+        self, root: Path, *, executors: dict[str, str] | None = None, extra_toml: str = "", **daemon_options: Any
+    ) -> None:
+        """`executors`: more `[executors]` entries; `extra_toml`: more tables, after those."""
         self.root = root
         self.database = root / "state" / "fredica.db"
         self.socket = Path(daemon_options.pop("socket", root / "run" / "control.sock"))
@@ -54,7 +57,8 @@ class Daemon:
         }
         lines = ["[daemon]"] + [f"{key} = {toml_value(value)}" for key, value in options.items()]
         lines += ["", "[retry]", "backoff_base = 0.05", "", "[executors]"]
-        lines += [f"{key} = {json.dumps(value)}" for key, value in SAMPLE_EXECUTORS.items()]
+        lines += [f"{key} = {json.dumps(value)}" for key, value in {**SAMPLE_EXECUTORS, **(executors or {})}.items()]
+        lines += ["", extra_toml]
         root.mkdir(parents=True, exist_ok=True)
         self.config.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[str] | None = None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon import config
+from daemon import config, queues
 from daemon.config import ConfigError, Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,11 +17,16 @@ def test_the_example_config_is_exactly_the_defaults() -> None:
     loaded = config.load(REPO / "config.example.toml", env=ENV)
     defaults = Settings.defaults(ENV)
     # Templates have no default (there are none built in); the example carries one to copy.
-    ignored = {"source", "templates"}
+    # Nor queues beyond `default`: the example carries one.
+    ignored = {"source", "templates", "queues"}
     assert {k: v for k, v in vars(loaded).items() if k not in ignored} == {
         k: v for k, v in vars(defaults).items() if k not in ignored
     }
     assert set(loaded.templates) == {"download_and_transcode"}
+    assert loaded.queues == {"media": queues.QueueConfig("media", 1, ("TRANSCODE_MP4",))}
+    assert list(loaded.all_queues) == ["default", "media"]
+    assert loaded.all_queues["default"].workers == loaded.max_workers == 4
+    assert defaults.all_queues == {"default": queues.QueueConfig("default", 4)}
 
 
 def test_the_example_documents_every_key() -> None:
@@ -73,6 +78,19 @@ def test_lookup_order(tmp_path: Path) -> None:
         ("daemon = 3\n", "[daemon] must be a table"),
         ("[nope]\n", "unknown section(s): nope"),
         ("x = [\n", "is not valid TOML"),
+        ("queues = 3\n", "[queues] must be a table of queues"),
+        ("[queues.media]\ntypes = ['A']\n", "[queues.media] needs workers = N"),
+        ("[queues.media]\nworkers = 0\n", "[queues.media] workers must be between 1 and 1024, not 0"),
+        ("[queues.media]\nworkers = true\n", "[queues.media] workers must be an integer, not True"),
+        ("[queues.media]\nworkers = 1\nprefetch = 2\n", "[queues.media] unknown key(s) 'prefetch'"),
+        ("[queues.media]\nworkers = 1\ntypes = 'A'\n", "[queues.media] types must be a list of task types"),
+        ("[queues.a]\nworkers = 1\ntypes = ['T']\n[queues.b]\nworkers = 1\ntypes = ['T']\n",
+         "task type T is routed to two queues: a and b"),
+        ('[queues."bad name"]\nworkers = 1\n', "bad queue name 'bad name'"),
+        ("[queues.default]\nworkers = 3\n", "[queues.default] takes no workers: set [daemon] max_workers"),
+        ("[queues.default]\ntypes = ['A']\n", "[queues.default] takes no types"),
+        ("[templates.t.tasks.a]\ntype = 'ECHO'\nqueue = 'nowhere'\n",
+         "template t, task a: unknown queue 'nowhere'; configured: default"),
     ],
 )
 def test_bad_files_are_refused_with_a_clear_message(tmp_path: Path, text: str, message: str) -> None:
@@ -104,3 +122,27 @@ def test_paths_expand_variables_and_are_relative_to_the_config_file(tmp_path: Pa
 def test_a_relative_path_needs_a_config_file_to_be_relative_to() -> None:
     with pytest.raises(ConfigError, match="database must be an absolute path"):
         config.from_mapping({"daemon": {"database": "f.db"}}, env=ENV)
+
+
+def test_queues_are_parsed_with_default_first_and_sized_by_max_workers(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        "[daemon]\nmax_workers = 3\n[queues.default]\n"
+        "[queues.media]\nworkers = 2\ntypes = ['TRANSCODE_MP4', 'DOWNLOAD']\n[queues.bulk]\nworkers = 5\n"
+        "[templates.t.tasks.a]\ntype = 'ECHO'\nqueue = 'bulk'\n"
+    )
+    settings = config.load(path, env=ENV)
+    assert settings.all_queues == {
+        "default": queues.QueueConfig("default", 3),
+        "media": queues.QueueConfig("media", 2, ("TRANSCODE_MP4", "DOWNLOAD")),
+        "bulk": queues.QueueConfig("bulk", 5),
+    }
+    assert queues.routing(settings.all_queues) == {"TRANSCODE_MP4": "media", "DOWNLOAD": "media"}
+    assert settings.templates["t"].tasks[0].spec.queue == "bulk"
+
+
+def test_a_queue_type_without_an_executor_is_refused() -> None:
+    configs = queues.with_default({"media": queues.QueueConfig("media", 1, ("TRANSCODE_MP4", "NOPE"))}, 2)
+    with pytest.raises(queues.QueueError, match=r"^\[queues.media\] types: no executor for type NOPE$"):
+        queues.check_task_types(configs, {"TRANSCODE_MP4", "SHELL"})
+    queues.check_task_types(configs, {"TRANSCODE_MP4", "NOPE"})  # known: accepted

@@ -211,8 +211,29 @@ RESTART_LOG_KEPT = Migration(
     ),
 )
 
+# 7: queues (SPEC §15). A task's queue is resolved when it is submitted (its `--queue`, else the
+# queue its type is routed to) and stored, so that each queue's claim is a lookup in the ready
+# index by queue, never a walk past other queues' tasks; `queue_explicit` says whether the
+# submitter named it (a start with another config re-routes only the others, and those whose
+# queue is gone). Tasks stored before go to `default` (re-routed at the next start).
+# `queue_state` keeps which queues a user paused, across restarts.
+QUEUES = Migration(
+    7,
+    "queues: each task's queue, the ready index by queue, paused queues",
+    (
+        "ALTER TABLE task ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'",
+        "ALTER TABLE task ADD COLUMN queue_explicit INTEGER NOT NULL DEFAULT 0",
+        "DROP INDEX task_ready",
+        "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
+        " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0",
+        # `fredica queues` and `status` count each queue's waiting tasks from this index alone.
+        "CREATE INDEX task_waiting_by_queue ON task(queue) WHERE status IN ('pending', 'claimed')",
+        "CREATE TABLE queue_state (name TEXT PRIMARY KEY, paused INTEGER NOT NULL, changed_at REAL NOT NULL)",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
-    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT,
+    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES,
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sqlite3
 import uuid
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from daemon.errors import SubmissionRefused
 from daemon.models import TaskStatus
@@ -24,6 +24,7 @@ ACTIVE_SQL = "'pending', 'claimed', 'running'"
 # A dependency in one of these can never complete: a task depending on it is cancelled at once
 # rather than refused, so what a script sees never depends on how fast its upstream failed.
 DEAD = (TaskStatus.FAILED, TaskStatus.CANCELLED)
+DEFAULT_QUEUE = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +59,13 @@ def insert_run(
     now: float,
     template: str = "adhoc",
     material_id: str | None = None,
+    routes: Mapping[str, str] | None = None,
 ) -> StoredRun:
     """Insert a workflow run with `specs` as its tasks, all pending (SPEC §5, §10); the caller's
     transaction (`tasks.submit`) cancels the doomed ones.
+
+    Each task's queue is the spec's own, else its type's in `routes` (task type → queue), else
+    `default`: checking that a named queue exists is the caller's (the store knows no config).
 
     A spec whose idempotency key is held by an active task is not stored: it resolves to that task,
     and later specs depending on it depend on that task. Anything invalid refuses the whole batch.
@@ -87,7 +92,8 @@ def insert_run(
             # no position shifts; any other task lists each once.
             listed = [outcomes[d.batch_index].id if d.task_id is None else d.task_id for d in deps]
             depends_on = listed if spec.payload_refs else list(by_id)
-            inserted = _insert(conn, spec, run_id, list(by_id.values()), depends_on, material_id, now)
+            queue = spec.queue or (routes or {}).get(spec.type, DEFAULT_QUEUE)
+            inserted = _insert(conn, spec, run_id, list(by_id.values()), depends_on, material_id, queue, now)
             if inserted is None:
                 existing = _active_with_key(conn, spec.idempotency_key)
                 outcomes.append(SubmittedTask(existing["id"], created=False))
@@ -129,6 +135,7 @@ def _insert(
     upstream: list[tuple[int, TaskStatus]],
     upstream_ids: list[str],
     run_material_id: str | None,
+    queue: str,
     now: float,
 ) -> tuple[int, str] | None:
     """Insert one task; None when an active task holds its idempotency key."""
@@ -138,8 +145,9 @@ def _insert(
         row = conn.execute(
             f"""
             INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
-                payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, created_at)
-            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, queue,
+                queue_explicit, created_at)
+            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
             RETURNING seq
@@ -157,6 +165,8 @@ def _insert(
                 spec.max_retries,
                 spec.timeout,
                 unmet,
+                queue,
+                int(spec.queue is not None),
                 now,
             ),
         ).fetchone()

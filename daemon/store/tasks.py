@@ -277,12 +277,16 @@ def submit(
     now: float,
     template: str = "adhoc",
     material_id: str | None = None,
+    routes: Mapping[str, str] | None = None,
 ) -> Submission:
     """Store a workflow run with `specs` as its tasks, atomically (SPEC §5, §10). A task whose
     dependency has already failed or been cancelled is stored and cancelled at once
-    (`DEPENDENCY_FAILED`), with its dependents in the batch."""
+    (`DEPENDENCY_FAILED`), with its dependents in the batch. `routes`: task type → queue, for
+    the specs that name none (`submissions.insert_run`)."""
     with write(conn):
-        stored = submissions.insert_run(conn, specs, now=now, template=template, material_id=material_id)
+        stored = submissions.insert_run(
+            conn, specs, now=now, template=template, material_id=material_id, routes=routes
+        )
         for task_id, dead in stored.doomed:
             if _current(conn, task_id)["status"] != TaskStatus.PENDING.value:
                 continue  # cancelled already, as a dependent of a doomed task earlier in the batch
@@ -296,14 +300,17 @@ def submit(
 # --- the transitions the supervisor makes -------------------------------------------------------
 
 
-def claim_next(conn: sqlite3.Connection, now: float) -> Task | None:
-    """Claim the ready task that comes first (priority, then submission order), or None."""
-    claimed = claim_ready(conn, now, 1)
+def claim_next(conn: sqlite3.Connection, now: float, queue: str = "default") -> Task | None:
+    """Claim the ready task of `queue` that comes first (priority, then submission order), or None."""
+    claimed = claim_ready(conn, now, 1, queue=queue)
     return claimed[0] if claimed else None
 
 
-def claim_ready(conn: sqlite3.Connection, now: float, limit: int, *, promote_delayed: bool = True) -> list[Task]:
-    """Claim up to `limit` ready tasks, in the order they come (priority, then submission order).
+def claim_ready(
+    conn: sqlite3.Connection, now: float, limit: int, *, queue: str = "default", promote_delayed: bool = True
+) -> list[Task]:
+    """Claim up to `limit` ready tasks of `queue`, in the order they come (priority, then
+    submission order): a lookup in the ready index by queue, whatever other queues hold.
 
     One read and one guarded UPDATE for all of them: with every slot free at once (a tick that
     saw several attempts end), claiming one by one repeated both, and found out only by an extra
@@ -325,10 +332,10 @@ def claim_ready(conn: sqlite3.Connection, now: float, limit: int, *, promote_del
         rows = conn.execute(
             """
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
-            WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0
+            WHERE queue = ? AND status = 'pending' AND unmet_deps = 0 AND not_before = 0
             ORDER BY priority DESC, seq LIMIT ?
             """,
-            (limit,),
+            (queue, limit),
         ).fetchall()
         if not rows:
             return []
