@@ -16,11 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from daemon import templates
-from daemon.errors import FredicaError
+from daemon.errors import ConfigError  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
-
-class ConfigError(FredicaError):
-    """The configuration is invalid."""
 
 
 def _state_dir(env: Mapping[str, str]) -> Path:
