@@ -101,18 +101,38 @@ class Handlers:
     def op_wait(self, ids: list[str], timeout: float | None = None) -> protocol.WaitReply:
         """The tasks named (a run's id names its tasks) once all have ended, or as they are when
         `timeout` (at most WAIT_SLICE) has passed. Waits on this handler thread, woken by the
-        loop's commits: it holds neither the loop nor the database."""
+        loop's commits: it holds neither the loop nor the database. A wake-up reads only the
+        first task still active: the others need not be looked at before it has ended."""
         limit = WAIT_SLICE if timeout is None else max(0.0, min(timeout, WAIT_SLICE))
         deadline = time.monotonic() + limit
+        seen = self.sup.commits()  # before reading: a commit after the read wakes the wait
+        found = self._tasks_named(ids)
+        read_at = seen  # the commit count when found[position] was read
+        position = 0  # tasks before it have ended (ended tasks never change again)
+        conn = self._reader()
         while True:
-            seen = self.sup.commits()  # before reading: a commit after the read wakes the wait
-            found = self._tasks_named(ids)
-            ended = all(TaskStatus(task["status"]).is_terminal for task in found)
+            # Past the tasks that have ended, reading each again only once those before it have.
+            while position < len(found):
+                if not TaskStatus(found[position]["status"]).is_terminal:
+                    seen = self.sup.commits()
+                    if read_at == seen:
+                        break  # read since the last commit: still active
+                    now = tasks.find(conn, found[position]["id"])
+                    found[position], read_at = (found[position] if now is None else now.to_dict()), seen
+                    if not TaskStatus(found[position]["status"]).is_terminal:
+                        break
+                position += 1
+                read_at = -1  # the next one was read before: read it again
             remaining = deadline - time.monotonic()
-            if ended or remaining <= 0 or not handoff.requester_waiting():
-                return {"tasks": found, "ended": ended}
+            if position == len(found) or remaining <= 0 or not handoff.requester_waiting():
+                break
             # Capped: a client that hangs up is noticed within a second, not at the deadline.
             self.sup.wait_for_commit(seen, min(remaining, 1.0))
+        for index in range(position, len(found)):  # the rest as they are now
+            now = tasks.find(conn, found[index]["id"])
+            if now is not None:
+                found[index] = now.to_dict()
+        return {"tasks": found, "ended": position == len(found)}
 
     def _tasks_named(self, ids: list[str]) -> list[dict[str, Any]]:
         conn = self._reader()

@@ -153,20 +153,21 @@ def test_each_kind_is_raised_as_its_class_with_the_message(kind: str) -> None:
 # --- the connection -----------------------------------------------------------------------------
 
 
-def unix_sockets(d: Daemon) -> int:
+def control_sockets(d: Daemon) -> int:
+    """The daemon's sockets on its control socket's path: the listener and each client's."""
     assert d.process is not None
-    return len(psutil.Process(d.process.pid).net_connections(kind="unix"))
+    return sum(c.laddr == str(d.socket) for c in psutil.Process(d.process.pid).net_connections(kind="unix"))
 
 
 def test_one_connection_carries_many_calls(daemon: Daemon, fredica: Client) -> None:
     fredica.status()
     ours = fredica._sock
-    before = unix_sockets(daemon)
+    assert control_sockets(daemon) == 2  # the listener and ours
     for _ in range(50):
         fredica.submit("ECHO")
         fredica.list(limit=1)
     assert fredica._sock is ours
-    assert unix_sockets(daemon) == before  # no connection opened (or left) per call
+    assert control_sockets(daemon) == 2  # no connection opened (or left) per call
 
 
 def test_a_client_reconnects_after_a_daemon_restart(daemon: Daemon, fredica: Client) -> None:
@@ -260,28 +261,39 @@ def test_wait_honours_its_timeout_and_says_where_the_tasks_are(fredica: Client, 
     assert fredica.wait(task_id, timeout=20)[0]["status"] == "cancelled"
 
 
-def test_wait_is_woken_by_commits_not_by_polling(tmp_path: Path) -> None:
+def test_wait_is_woken_by_commits_not_by_polling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sup = Supervisor(Settings(database=tmp_path / "f.db", socket=tmp_path / "s", log_dir=tmp_path / "logs",
                               executors={"HANG": "tests.sample_executors:Hang"}, max_workers=1,
                               poll_interval=0.5, cancel_grace=0.3))
     sup.start()
     try:
         handlers = operations.Handlers(sup)
-        task_id = sup.submit([parse_spec({"type": "HANG", "payload": {"ready_file": str(tmp_path / "r")}})]).tasks[0].id
+        task_ids = [sup.submit([parse_spec({"type": "HANG", "payload": {"ready_file": str(tmp_path / "r")}})]).tasks[0].id
+                    for _ in range(20)]
         wait_for((tmp_path / "r").exists)
-        reads = []
-        looked = handlers._tasks_named
-        handlers._tasks_named = lambda ids: reads.append(1) or looked(ids)  # type: ignore[method-assign]
+        reads: list[str] = []
+        find = operations.tasks.find
+
+        def counted(conn: Any, task_id: str) -> Any:
+            if threading.current_thread().name == "waiter":
+                reads.append(task_id)
+            return find(conn, task_id)
+
+        monkeypatch.setattr(operations.tasks, "find", counted)
         reply: dict[str, Any] = {}
-        waiter = threading.Thread(target=lambda: reply.update(handlers.op_wait([task_id], timeout=9)))
+        waiter = threading.Thread(target=lambda: reply.update(handlers.op_wait(task_ids, timeout=9)), name="waiter")
         waiter.start()
-        wait_for(lambda: reads)
+        wait_for(lambda: len(reads) >= 20)  # each task read once, at first
         commits = sup.commits()
-        wait_for(lambda: sup.commits() >= commits + 2)  # the loop ticks (every poll_interval) ...
-        assert waiter.is_alive() and len(reads) <= sup.commits() - commits + 2  # ... and only wakes it
-        sup.cancel(task_id)
+        wait_for(lambda: sup.commits() >= commits + 3)  # the loop ticks (every poll_interval) ...
+        assert waiter.is_alive()
+        # ... and each commit costs the wait one read, of the first task still active, not 20.
+        assert len(reads) - 20 <= sup.commits() - commits + 1
+        assert set(reads[20:]) <= {task_ids[0]}
+        for task_id in task_ids:
+            sup.cancel(task_id)
         waiter.join(10)
-        assert reply["ended"] and reply["tasks"][0]["status"] == "cancelled"
+        assert reply["ended"] and {t["status"] for t in reply["tasks"]} == {"cancelled"}, [t["status"] for t in reply["tasks"]]
     finally:
         sup.stop(grace=0, timeout=20)
 
