@@ -100,7 +100,7 @@ def call(op: str, **args: Any) -> Any:
     """One request to the daemon named by the config; errors become the exit status (see above)."""
     meta = click.get_current_context().meta
     if _CLIENT not in meta:
-        meta[_CLIENT] = client.Client(settings().socket)
+        meta[_CLIENT] = client.Client(socket_path=settings().socket)
     return meta[_CLIENT].call(op, **args)
 
 

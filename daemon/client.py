@@ -1,62 +1,227 @@
-"""The blocking client the CLI uses: one request, one reply, one connection per call; and the
-reader of the daemon's log files, which live on the same machine (the daemon says where)."""
+"""The public Python client of the daemon, which the CLI uses too; and the reader of the daemon's
+log files, which live on the same machine (the daemon says where).
+
+    from daemon.client import Client
+
+    with Client() as fredica:                      # the config as `fredica` finds it
+        task_id = fredica.submit("SHELL", {"argv": ["true"]}, priority=5)
+        [task] = fredica.wait(task_id, timeout=60)
+
+A `Client` keeps one connection to the daemon's control socket open between calls. A refusal is
+raised as the `daemon.errors` class the daemon raised, with its message.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import socket
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
-from daemon import protocol
-from daemon.errors import FredicaError
+from daemon import errors, protocol
+from daemon.errors import DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
 from executors import tasklog
 
 _START_HINT = "start it with `fredica daemon`"
 CONNECT_RETRY = 0.02  # seconds between connects while the daemon's listen backlog is full
-
-
-class DaemonUnreachable(FredicaError):
-    """The daemon is not running or does not answer."""
-
-
-class RemoteError(FredicaError):
-    """The daemon refused the request."""
-
-    def __init__(self, kind: str, message: str | None = None) -> None:
-        self.kind = kind
-        super().__init__(message)
+# The fields `submit` takes beside type and payload: those of a task object (batch lines also
+# have `key` and `id`, which name tasks within one submission).
+SUBMIT_FIELDS = protocol.TASK_FIELDS - {"type", "payload", "key", "id"}
+_COMING = frozenset({"hold"})  # SPEC §15 fields that this daemon does not take yet
 
 
 class Client:
-    """Talks to the daemon's control socket; each `call` opens its own connection."""
+    """Talks to the daemon's control socket over one connection, kept open between calls.
+
+    `config`: the config file that names the socket, found as `fredica` finds it when omitted
+    (`$FREDICA_CONFIG`, `~/.config/fredica/config.toml`, `/etc/fredica/config.toml`); or
+    `socket_path` names the socket itself. Safe to share between threads (calls take turns).
+    """
 
     # Longer than the daemon lets a request wait for its loop (supervisor.CALL_TIMEOUT): a busy
     # daemon then answers "nothing was done" before the client gives up.
-    def __init__(self, socket_path: str | Path, timeout: float = 30.0) -> None:
+    def __init__(self, config: str | Path | None = None, *, socket_path: str | Path | None = None,
+                 timeout: float = 30.0) -> None:
+        if socket_path is None:
+            from daemon import config as config_file  # not at import: `fredica status` is timed
+
+            socket_path = config_file.load_for_client(config).socket
         self.socket_path = Path(socket_path)
         self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._frames = protocol.FrameReader(protocol.MAX_REPLY)
+        self._turn = threading.Lock()
+
+    # --- the operations -------------------------------------------------------------------------
+
+    def submit(self, type: str, payload: Mapping[str, Any] | None = None, **fields: Any) -> str:
+        """Submit one task (its own run) and return its id; with an idempotency key that an active
+        task holds, that task's id. `fields` as `fredica submit`'s options: priority, depends_on
+        (an id or a list of ids), max_retries, idempotency_key, material_id, timeout."""
+        _check_fields(fields)
+        spec: dict[str, Any] = {"type": type, **fields}
+        if payload is not None:
+            spec["payload"] = dict(payload)
+        if isinstance(spec.get("depends_on"), str):
+            spec["depends_on"] = [spec["depends_on"]]
+        material = {} if fields.get("material_id") is None else {"material_id": fields["material_id"]}
+        reply: protocol.SubmitReply = self.call("submit", tasks=[spec], **material)
+        return reply["tasks"][0]["id"]
+
+    def submit_batch(self, lines: Iterable[Mapping[str, Any] | str]) -> list[str]:
+        """Submit many tasks as one run, atomically; their ids in order. Each line is a task object
+        (or its JSON text) as in `fredica submit --batch`: `type` and the optional fields, `key`
+        and `depends_on` naming earlier lines' keys or ids."""
+        specs = []
+        for number, line in enumerate(lines, 1):
+            if isinstance(line, str):
+                try:
+                    line = json.loads(line)
+                except ValueError as exc:
+                    raise errors.SubmissionRefused(f"batch line {number} is not valid JSON: {exc}") from None
+            if not isinstance(line, Mapping):
+                raise errors.SubmissionRefused(f"batch line {number} is not a JSON object")
+            specs.append(dict(line))
+        if not specs:
+            raise errors.SubmissionRefused("the batch has no tasks")
+        reply: protocol.SubmitReply = self.call("submit", tasks=specs)
+        return [task["id"] for task in reply["tasks"]]
+
+    def run(self, template: str, *, material_id: str | None = None, **params: str) -> str | None:
+        """Start a workflow run from a configured template; its id (None when every task of it was
+        already active, by idempotency key). `params` are the template's parameters."""
+        reply: protocol.SubmitReply = self.call("run", template=template, material_id=material_id, params=params)
+        return reply["run_id"]
+
+    def get(self, id: str) -> dict[str, Any]:
+        """One task or workflow run in full: the object of `fredica show --json`."""
+        reply: protocol.ShowReply = self.call("show", id=id)
+        return reply["object"]
+
+    def list(self, **filters: Any) -> list[dict[str, Any]]:
+        """Tasks, as `fredica ls --json`; filters: status (one or a list), run, type, limit."""
+        return self.call("ls", **filters)
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's health, as `fredica status --json`."""
+        return self.call("status")
+
+    def cancel(self, *ids: str) -> list[protocol.CancelReply]:
+        """Cancel each task, or every unfinished task of each run, in turn: what each did. The
+        first refusal is raised; the ids before it stay cancelled."""
+        return [self.call("cancel", id=target) for target in ids]
+
+    def pause(self, id: str) -> dict[str, Any]:
+        """Pause a running, pausable task; the task as it is then."""
+        return self.call("pause", id=id)
+
+    def resume(self, id: str) -> dict[str, Any]:
+        """Resume a paused task; the task as it is then."""
+        return self.call("resume", id=id)
+
+    def wait(self, *ids: str, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Block until every task named (a run's id names its tasks) has ended; the tasks then.
+        The daemon waits on its side, woken by its commits: no polling. Raises WaitTimedOut,
+        which holds the tasks as they were, when `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply: protocol.WaitReply = self.call("wait", ids=list(ids), timeout=left)
+            if reply["ended"]:
+                return reply["tasks"]
+            if deadline is not None and time.monotonic() >= deadline:
+                active = [task["id"] for task in reply["tasks"] if task["status"] in _ACTIVE]
+                raise errors.WaitTimedOut(
+                    f"{len(active)} of {len(reply['tasks'])} tasks still active after {timeout:g}s", reply["tasks"])
+
+    # --- the connection -------------------------------------------------------------------------
 
     def call(self, op: str, **args: Any) -> Any:
         """Send one request and return the data of its reply.
 
-        Raises DaemonUnreachable when nothing answers, RemoteError when the daemon refuses, and
-        protocol.ProtocolError (before connecting) for a request that cannot be sent: over the
-        size limit (FrameTooLarge), or with a string that is not text (NotText).
+        Checked first against the protocol's table (ProtocolError, nothing sent), and refused
+        before connecting if it cannot be sent: over the size limit (FrameTooLarge), or with a
+        string that is not text (NotText). Raises DaemonUnreachable when nothing answers, and the
+        daemon's own error class when it refuses.
         """
+        operation = protocol.OPERATIONS.get(op)
+        if operation is None:
+            raise protocol.ProtocolError(f"unknown request {protocol.shown(op)}")
+        operation.check(args)
         try:
             frame = protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST)
         except protocol.NotText:
             # Said of the arguments the caller gave, not of the frame built around them.
             raise protocol.NotText(f"{op} not sent: {protocol.non_text(args)} ({protocol.NOT_TEXT})") from None
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.timeout)
-            self._connect(sock)
-            reply = self._exchange(sock, frame)
-        return _unwrap(reply)
+        with self._turn:
+            return _unwrap(self._exchange(frame, operation))
 
-    def _connect(self, sock: socket.socket) -> None:
+    def close(self) -> None:
+        """Close the connection (the next call opens another)."""
+        with self._turn:
+            self._disconnect()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _exchange(self, frame: bytes, operation: protocol.Operation) -> dict[str, Any]:
+        reused = self._sock is not None and self._still_open()
+        if not reused:
+            self._connect()
+        assert self._sock is not None
+        try:
+            try:
+                self._sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError):
+                if not reused:
+                    raise
+                # Closed by the daemon (idle too long) just now: it never read this request.
+                self._connect()
+                self._sock.sendall(frame)
+            return protocol.read_frame(self._sock, protocol.MAX_REPLY, self._frames)
+        except TimeoutError:
+            self._disconnect()  # a late reply must not be taken for the next call's
+            raise DaemonUnreachable(self._maybe_done(operation, f"did not answer within {self.timeout:g}s")) from None
+        except (protocol.ConnectionClosed, ConnectionResetError, BrokenPipeError):
+            self._disconnect()
+            if reused and not operation.writes:
+                return self._exchange(frame, operation)  # a read, asked again: harmless
+            raise DaemonUnreachable(self._maybe_done(operation, "closed the connection without a reply")) from None
+        except protocol.ProtocolError as exc:
+            self._disconnect()
+            raise protocol.ProtocolError(f"the daemon's reply is malformed: {exc.message}") from None
+
+    def _maybe_done(self, operation: protocol.Operation, what: str) -> str:
+        said = f"the daemon at {self.socket_path} {what}"
+        # Never sent again: a write whose reply was lost may have been done, or not.
+        return f"{said}: the {operation.name} may or may not have been done" if operation.writes else said
+
+    def _still_open(self) -> bool:
+        """Whether the kept connection is still usable: not if the daemon has closed it (it reads
+        as ready, at its end) or sent something unasked."""
+        assert self._sock is not None
+        if select.select([self._sock], [], [], 0)[0]:
+            self._disconnect()
+            return False
+        return True
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._frames = protocol.FrameReader(protocol.MAX_REPLY)
+
+    def _connect(self) -> None:
+        self._disconnect()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
         path = self.socket_path
         try:
             self._connect_once_there_is_room(sock)
@@ -71,7 +236,9 @@ class Client:
         except OSError as exc:
             problem = f"cannot connect to the daemon at {path}: {exc.strerror or exc}"
         else:
+            self._sock = sock
             return
+        sock.close()
         raise DaemonUnreachable(problem)
 
     def _connect_once_there_is_room(self, sock: socket.socket) -> None:
@@ -87,31 +254,36 @@ class Client:
                     raise TimeoutError from None
                 time.sleep(CONNECT_RETRY)
 
-    def _exchange(self, sock: socket.socket, frame: bytes) -> dict[str, Any]:
-        path = self.socket_path
-        try:
-            sock.sendall(frame)
-            return protocol.read_frame(sock, protocol.MAX_REPLY)
-        except TimeoutError:
-            raise DaemonUnreachable(f"the daemon at {path} did not answer within {self.timeout:g}s") from None
-        except (protocol.ConnectionClosed, ConnectionResetError, BrokenPipeError):
-            raise DaemonUnreachable(f"the daemon at {path} closed the connection without a reply") from None
-        except protocol.ProtocolError as exc:
-            raise RemoteError("ProtocolError", f"the daemon's reply is malformed: {exc.message}") from None
+
+_ACTIVE = frozenset({"pending", "claimed", "running"})
+
+
+def _check_fields(fields: Mapping[str, Any]) -> None:
+    unknown = sorted(set(fields) - SUBMIT_FIELDS)
+    if not unknown:
+        return
+    coming = [name for name in unknown if name in _COMING]
+    if coming:
+        raise TypeError(f"submit() got {', '.join(coming)}: this daemon does not take it yet")
+    raise TypeError(f"submit() got an unexpected field {', '.join(map(repr, unknown))} "
+                    f"(it takes {', '.join(sorted(SUBMIT_FIELDS))})")
 
 
 def _unwrap(reply: dict[str, Any]) -> Any:
+    """The data of an ok reply; a refusal raised as the daemon's error class."""
     if reply.get("v") != protocol.VERSION:
-        raise RemoteError(
-            "ProtocolError",
-            f"the daemon speaks protocol version {reply.get('v')!r}, this client {protocol.VERSION}",
-        )
+        raise protocol.ProtocolError(
+            f"the daemon speaks protocol version {reply.get('v')!r}, this client {protocol.VERSION}")
     if reply.get("ok") is True:
         return reply.get("data")
     error = reply.get("error")
     if reply.get("ok") is False and isinstance(error, dict):
-        raise RemoteError(str(error.get("kind") or "Error"), str(error.get("message") or "") or None)
-    raise RemoteError("ProtocolError", "the daemon's reply is malformed: neither ok nor error")
+        kind, message = str(error.get("kind") or "Error"), str(error.get("message") or "")
+        known = errors.by_kind(kind)
+        if known is None:
+            raise RemoteError(kind, message or None)
+        raise known.from_wire(message) if message else known()
+    raise protocol.ProtocolError("the daemon's reply is malformed: neither ok nor error")
 
 
 class LogFile:

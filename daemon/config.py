@@ -16,11 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from daemon import queues, templates
-from daemon.errors import FredicaError
+from daemon.errors import ConfigError, FredicaError  # noqa: F401 (ConfigError re-exported: this module's errors live in the catalogue)
 
-
-class ConfigError(FredicaError):
-    """The configuration is invalid."""
 
 
 def _state_dir(env: Mapping[str, str]) -> Path:

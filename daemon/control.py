@@ -5,11 +5,13 @@ connection's peer credentials are checked, so only the daemon's own user and roo
 
 One thread owns every connection: it accepts, reads and writes with non-blocking sockets, so a
 client that connects and sends nothing, or trickles its request a byte at a time, costs a
-descriptor and a buffer, never a thread. A connection carries one request, which must arrive
-whole within `request_timeout` seconds of its first byte (a connection that sends nothing is
-closed after as long). Only a whole request goes to the threads that run the handlers
-(`operations.Handlers`); its reply comes back to be written, and the connection is closed.
-Every frame gets a reply or a closed connection, never silence.
+descriptor and a buffer, never a thread. A connection carries requests one after another (the
+public client keeps its connection open between calls): each must arrive whole within
+`request_timeout` seconds of its first byte, and a connection that sends nothing for as long, at
+first or between requests, is closed. Only a whole request goes to the threads that run the
+handlers (`operations.Handlers`); its reply comes back to be written, and then the connection
+reads the next request. Every frame gets a reply or a closed connection, never silence; after a
+frame that breaks the framing (too large, cut short) the reply is the connection's last.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Callable
 
 import structlog
 
-from daemon import config, handoff, paths, protocol
+from daemon import config, errors, handoff, paths, protocol
 from daemon.errors import FredicaError
 
 log = structlog.get_logger("fredica.control")
@@ -40,7 +42,7 @@ HANDLER_THREADS = 64  # requests handled at once; more wait for a thread, alread
 MAX_CONNECTIONS = 1024  # open at once; more wait in the listen backlog (see _connection_cap)
 ACCEPT_BACKOFF = 0.1  # seconds to stop accepting after accept() failed (EMFILE: no descriptor left)
 CLOSE_GRACE = 1.0  # seconds a closing server still lets the replies being prepared go out
-READ_SIZE = 1 << 18
+READ_SIZE = protocol.READ_SIZE
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -141,6 +143,7 @@ class Connection:
         self.frame = protocol.FrameReader(protocol.MAX_REQUEST)
         self.deadline: float | None = None
         self.reply: memoryview | None = None
+        self.last_reply = False  # closed once this reply is written: the framing is lost
         self.events = 0  # what the selector watches it for
         self.closed = False
 
@@ -367,22 +370,30 @@ class ControlServer:
         except protocol.FrameTooLarge as exc:
             self._refuse(conn, exc)
             return
-        if body is None:
-            return
+        if body is not None:
+            self._handle(conn, body)
+
+    def _handle(self, conn: Connection, body: bytes) -> None:
+        """A whole request: to a handler thread (nothing more is read meanwhile)."""
         self._watch(conn, 0)
         self._set_deadline(conn, None)
         if conn.uid not in self.allowed_uids:
             # Read whole, never acted on: closing first would fail the client's write with EPIPE
             # before it could read why it was refused.
             log.warning("client_refused", uid=conn.uid)
-            self._send(conn, protocol.error("PermissionDenied", f"user {conn.uid} may not control this daemon"))
+            conn.last_reply = True
+            self._send(conn, protocol.error(errors.PermissionDenied.kind,
+                                            f"user {conn.uid} may not control this daemon"))
         elif not self.request_threads.submit(lambda: self._answer(conn, body)):
             log.warning("client_dropped", reason="cannot start a thread")
-            self._send(conn, protocol.error("Busy", "the daemon cannot start a thread to answer: try again"))
+            self._send(conn, protocol.error(errors.Busy.kind, "the daemon cannot start a thread to answer: try again"))
 
     def _refuse(self, conn: Connection, exc: protocol.ProtocolError) -> None:
+        """A frame that breaks the framing: where the next one would start is unknown, so the
+        refusal is the connection's last reply."""
         log.warning("bad_request", error=exc.message)
-        self._send(conn, protocol.error(type(exc).__name__, exc.message))
+        conn.last_reply = True
+        self._send(conn, protocol.error(exc.kind, exc.message))
 
     def _expire(self, conn: Connection) -> None:
         if conn.reply is not None:
@@ -403,7 +414,7 @@ class ControlServer:
         conn.reply = memoryview(data)
         self._set_deadline(conn, time.monotonic() + self.request_timeout)
         self._write(conn)
-        if not conn.closed:
+        if not conn.closed and conn.reply is not None:  # the rest when the client reads
             self._watch(conn, selectors.EVENT_WRITE)
 
     def _write(self, conn: Connection) -> None:
@@ -417,9 +428,27 @@ class ControlServer:
             return
         conn.reply = conn.reply[sent:]
         if not conn.reply:
-            self._drop(conn)  # done: one request per connection
+            self._next_request(conn)
         elif sent:
             self._set_deadline(conn, time.monotonic() + self.request_timeout)  # it reads: give it time
+
+    def _next_request(self, conn: Connection) -> None:
+        """The reply is written: read the connection's next request (one may be in already)."""
+        conn.reply = None
+        if conn.last_reply or self._closing.is_set():
+            self._drop(conn)
+            return
+        try:
+            body = conn.frame.feed()
+        except protocol.FrameTooLarge as exc:
+            self._refuse(conn, exc)
+            return
+        if body is not None:
+            self._handle(conn, body)
+            return
+        # Idle until its next request, or cut off when it sends nothing for as long.
+        self._set_deadline(conn, time.monotonic() + self.request_timeout)
+        self._watch(conn, selectors.EVENT_READ)
 
     def _drop(self, conn: Connection) -> None:
         if conn.closed:
@@ -465,7 +494,7 @@ class ControlServer:
             try:
                 data = protocol.encode(reply, protocol.MAX_REPLY)
             except protocol.ProtocolError as exc:
-                data = protocol.encode(protocol.error(type(exc).__name__, f"the reply cannot be sent: {exc.message}"),
+                data = protocol.encode(protocol.error(exc.kind, f"the reply cannot be sent: {exc.message}"),
                                        protocol.MAX_REPLY)
         except Exception:  # a bug of ours: into the daemon's log, never its stderr
             log.exception("client_failed")
@@ -478,12 +507,12 @@ class ControlServer:
             op, args = protocol.parse_request(protocol.decode(body))
         except protocol.ProtocolError as exc:
             log.warning("bad_request", error=exc.message)
-            return protocol.error(type(exc).__name__, exc.message)
+            return protocol.error(exc.kind, exc.message)
         try:
             with handoff.on_behalf_of(lambda: _still_connected(conn.sock)):
                 return protocol.ok(self.handle(op, args))
         except FredicaError as exc:
-            return protocol.error(type(exc).__name__, exc.message)
+            return protocol.error(exc.kind, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving
             log.exception("request_failed", op=op)
-            return protocol.error("InternalError", f"{op} failed: {type(exc).__name__}: {exc}")
+            return protocol.error(errors.InternalError.kind, f"{op} failed: {type(exc).__name__}: {exc}")

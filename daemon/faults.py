@@ -14,7 +14,7 @@ import dataclasses
 import enum
 import sqlite3
 
-from daemon.errors import FredicaError
+from daemon.errors import DatabaseFault  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
 # The first retry comes quickly (a log rotated, a file deleted by hand), then they space out.
 FIRST_RETRY = 0.25
@@ -49,9 +49,6 @@ _KINDS = (
     ("SQLITE_NOTADB", Kind.CORRUPT),
 )
 
-
-class DatabaseFault(FredicaError):
-    """The database cannot be written now; nothing was changed."""
 
 
 class DatabaseCorrupt(Exception):

@@ -1,9 +1,13 @@
 """Work other threads hand to the supervisor's loop thread, which alone uses the database.
 
 A thread serving a control-socket client calls `call(fn)`: `fn` is queued, the loop is woken
-through a pipe, and the caller waits. The loop runs every queued function inside its tick's
-transaction, each undone alone if it fails, and answers them only after that transaction is
-committed: nobody is told of a change that could still be rolled back.
+through a pipe, and the caller waits. The loop runs the queued functions together in one
+transaction (at the start of its tick, before the tick's own work), each undone alone if it
+fails, and answers them only after that transaction is committed: nobody is told of a change that
+could still be rolled back.
+
+The loop also counts its commits (`note_commit`), so that a thread waiting for tasks to end
+(`wait_for_commit`) wakes when something may have changed, rather than poll the database.
 """
 
 from __future__ import annotations
@@ -18,23 +22,14 @@ import threading
 from typing import Any, Callable, Iterator, TypeVar
 
 from daemon import faults
-from daemon.errors import FredicaError
+from daemon.errors import ShuttingDown, LoopBusy, RequesterGone  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.store import db
 
 T = TypeVar("T")
 Answer = tuple["concurrent.futures.Future[Any]", bool, Any]  # the future, whether fn returned, what
 
 
-class ShuttingDown(FredicaError):
-    """The daemon is shutting down and takes no more requests."""
 
-
-class LoopBusy(FredicaError):
-    """The loop did not take a request in time; the request was withdrawn, nothing was done."""
-
-
-class RequesterGone(FredicaError):
-    """Whoever made the request stopped waiting for it before the loop took it: not done."""
 
 
 # Whether the one a request is made for still waits for its answer (a control-socket client that
@@ -56,6 +51,13 @@ def on_behalf_of(still_waiting: Callable[[], bool]) -> Iterator[None]:
         _still_waiting.reset(token)
 
 
+def requester_waiting() -> bool:
+    """Whether the one the current request is made for still waits for its answer (True when
+    nobody said: not a control-socket request)."""
+    still_waiting = _still_waiting.get()
+    return still_waiting is None or still_waiting()
+
+
 class LoopHandoff:
     """The queue of handed-over calls and the pipe that wakes the loop for them."""
 
@@ -70,6 +72,8 @@ class LoopHandoff:
         os.set_blocking(self._wake_w, False)
         self.loop_ident: int | None = None  # the loop thread, once it runs
         self.finished = threading.Event()  # the loop has ended: calls are refused
+        self.commits = 0  # the loop's commits so far
+        self._committed = threading.Condition()
 
     def call(self, fn: Callable[[], T], timeout: float | None) -> T:
         """Run `fn` on the loop thread and return its result once committed (directly if already
@@ -92,6 +96,25 @@ class LoopHandoff:
                     f"the daemon did not take the request within {timeout:g} s (it is busy): nothing was done"
                 ) from None
             return future.result()
+
+    def end(self) -> None:
+        """The loop has ended: refuse calls from now on, and wake whoever waits for a commit."""
+        with self._committed:
+            self.finished.set()
+            self._committed.notify_all()
+
+    def note_commit(self) -> None:
+        """The loop has committed a transaction: wake whoever waits for a change (loop thread)."""
+        with self._committed:
+            self.commits += 1
+            self._committed.notify_all()
+
+    def wait_for_commit(self, seen: int, timeout: float) -> int:
+        """Block until a commit after the `seen`-th (or the loop ends, or `timeout` passes); the
+        count then. Any thread but the loop's."""
+        with self._committed:
+            self._committed.wait_for(lambda: self.commits != seen or self.finished.is_set(), timeout)
+            return self.commits
 
     def pending(self) -> int:
         """How many calls wait for the loop."""

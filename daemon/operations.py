@@ -2,25 +2,31 @@
 
 Reads use a read-only connection of the serving thread, so a long `ls` never stalls the loop;
 mutations are handed to the supervisor's loop thread (`Supervisor.call`), which alone writes the
-database. Every argument is checked against its handler's annotation before the handler runs, so
-that nothing of the wrong type reaches SQLite (which would answer with an internal error).
+database. Every argument is checked against the protocol's table of operations
+(`protocol.OPERATIONS`, which the client checks its requests against too) before the handler
+runs, so that nothing of the wrong type reaches SQLite (which would answer with an internal error).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import sqlite3
 import threading
-from typing import Any, Callable
+import time
+from typing import Any
 
-from daemon import faults, protocol, recovery
+from daemon import faults, handoff, protocol, recovery
 from daemon.errors import FredicaError, UnknownTask
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
+
+
+# The longest one `wait` request blocks: a client waiting longer asks again, so that its socket
+# timeout never fires on a wait that goes well.
+WAIT_SLICE = 10.0
 
 
 class Handlers:
@@ -40,7 +46,7 @@ class Handlers:
         return conn
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
-        check_arguments(op, args)
+        # Checked already by `protocol.parse_request`, against the same table.
         try:
             return getattr(self, f"op_{op}")(**args)
         except sqlite3.DatabaseError as exc:
@@ -83,7 +89,7 @@ class Handlers:
         _check_limit(limit)
         return [r.to_dict() for r in runs.list_runs(self._reader(), status=status, limit=limit)]
 
-    def op_show(self, id: str) -> dict[str, Any]:
+    def op_show(self, id: str) -> protocol.ShowReply:
         conn = self._reader()
         task = tasks.find(conn, id)
         if task is not None:
@@ -94,6 +100,55 @@ class Handlers:
         obj = run.to_dict()
         obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=id)]
         return {"kind": "run", "object": obj}
+
+    def op_wait(self, ids: list[str], timeout: float | None = None) -> protocol.WaitReply:
+        """The tasks named (a run's id names its tasks) once all have ended, or as they are when
+        `timeout` (at most WAIT_SLICE) has passed. Waits on this handler thread, woken by the
+        loop's commits: it holds neither the loop nor the database. A wake-up reads only the
+        first task still active: the others need not be looked at before it has ended."""
+        limit = WAIT_SLICE if timeout is None else max(0.0, min(timeout, WAIT_SLICE))
+        deadline = time.monotonic() + limit
+        seen = self.sup.commits()  # before reading: a commit after the read wakes the wait
+        found = self._tasks_named(ids)
+        read_at = seen  # the commit count when found[position] was read
+        position = 0  # tasks before it have ended (ended tasks never change again)
+        conn = self._reader()
+        while True:
+            # Past the tasks that have ended, reading each again only once those before it have.
+            while position < len(found):
+                if not TaskStatus(found[position]["status"]).is_terminal:
+                    seen = self.sup.commits()
+                    if read_at == seen:
+                        break  # read since the last commit: still active
+                    now = tasks.find(conn, found[position]["id"])
+                    found[position], read_at = (found[position] if now is None else now.to_dict()), seen
+                    if not TaskStatus(found[position]["status"]).is_terminal:
+                        break
+                position += 1
+                read_at = -1  # the next one was read before: read it again
+            remaining = deadline - time.monotonic()
+            if position == len(found) or remaining <= 0 or not handoff.requester_waiting():
+                break
+            # Capped: a client that hangs up is noticed within a second, not at the deadline.
+            self.sup.wait_for_commit(seen, min(remaining, 1.0))
+        for index in range(position, len(found)):  # the rest as they are now
+            now = tasks.find(conn, found[index]["id"])
+            if now is not None:
+                found[index] = now.to_dict()
+        return {"tasks": found, "ended": position == len(found)}
+
+    def _tasks_named(self, ids: list[str]) -> list[dict[str, Any]]:
+        conn = self._reader()
+        found: list[dict[str, Any]] = []
+        for target in ids:
+            task = tasks.find(conn, target)
+            if task is not None:
+                found.append(task.to_dict())
+            elif runs.find(conn, target) is not None:
+                found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=target)]
+            else:
+                raise UnknownTask(f"no task or workflow run has id {target}")
+        return found
 
     def op_log_path(self, id: str | None = None) -> dict[str, Any]:
         if id is None:
@@ -127,7 +182,7 @@ class Handlers:
         self.sup.set_queue_workers(name, workers)
         return {"name": name, "workers": workers}
 
-    def op_submit(self, tasks: Any, template: str = "adhoc", material_id: str | None = None) -> dict[str, Any]:
+    def op_submit(self, tasks: Any, template: str = "adhoc", material_id: str | None = None) -> protocol.SubmitReply:
         if not isinstance(tasks, list):
             raise FredicaError("tasks must be a list of task objects")
         specs = []
@@ -143,7 +198,7 @@ class Handlers:
             "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
         }
 
-    def op_run(self, template: str, material_id: str | None = None, params: Any = None) -> dict[str, Any]:
+    def op_run(self, template: str, material_id: str | None = None, params: Any = None) -> protocol.SubmitReply:
         known = self.settings.templates
         if not known:
             raise FredicaError("no workflow templates are configured")
@@ -159,7 +214,7 @@ class Handlers:
             "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
         }
 
-    def op_cancel(self, id: str) -> dict[str, Any]:
+    def op_cancel(self, id: str) -> protocol.CancelReply:
         report = self.sup.cancel(id)
         return {"cancelled": list(report.cancelled), "stopping": list(report.stopping)}
 
@@ -190,61 +245,3 @@ def _check_statuses(status: str | list[str] | None, kind: type[TaskStatus] | typ
 def _check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise protocol.ProtocolError("limit must be a non-negative integer")
-
-
-def _integer(value: Any) -> bool:
-    # bool is an int in Python, and SQLite binds only 64-bit integers.
-    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
-
-
-# The JSON types an annotation may name, each with its test.
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "str": lambda value: isinstance(value, str),
-    "int": _integer,
-    "bool": lambda value: isinstance(value, bool),
-    "None": lambda value: value is None,
-    "list[str]": lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value),
-}
-
-
-class _Argument:
-    """What one handler argument may be: its annotation's JSON types, and whether it is required."""
-
-    def __init__(self, parameter: inspect.Parameter) -> None:
-        self.annotation = str(parameter.annotation)  # a string: `from __future__ import annotations`
-        self.required = parameter.default is inspect.Parameter.empty
-        parts = self.annotation.split("|")
-        self.tests = None if self.annotation == "Any" else [_JSON_TYPES[part.strip()] for part in parts]
-
-    def accepts(self, value: Any) -> bool:
-        return self.tests is None or any(test(value) for test in self.tests)
-
-
-def _argument_table() -> dict[str, dict[str, _Argument]]:
-    """For each op, its handler's arguments, read once from the annotations; an annotation this
-    does not know fails here, at import, not on a client's request."""
-    return {
-        name[3:]: {argument: _Argument(p) for argument, p in inspect.signature(handler).parameters.items()
-                   if argument != "self"}
-        for name, handler in vars(Handlers).items()
-        if name.startswith("op_")
-    }
-
-
-ARGUMENTS = _argument_table()
-
-
-def check_arguments(op: str, args: dict[str, Any]) -> None:
-    """Refuse an unknown or missing argument, or one of the wrong JSON type, with one clear line."""
-    expected = ARGUMENTS[op]
-    for name, argument in expected.items():
-        if argument.required and name not in args:
-            raise protocol.ProtocolError(f"bad arguments for {op}: {name} is required")
-    for name, value in args.items():
-        argument = expected.get(name)
-        if argument is None:
-            raise protocol.ProtocolError(f"{op} does not take {protocol.shown(name)}")
-        if not argument.accepts(value):
-            raise protocol.ProtocolError(
-                f"bad arguments for {op}: {name} must be {argument.annotation}, not {protocol.described(value)}"
-            )

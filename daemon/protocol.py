@@ -14,56 +14,138 @@ terminal's) accepts, so such a message is refused whole, on either side, naming 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypedDict
 
-from daemon.errors import FredicaError
+from daemon.errors import ProtocolError, FrameTooLarge, ConnectionClosed, NotText  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
 VERSION = 1
 HEADER = 4
 MAX_REQUEST = 4 * 1024 * 1024
 MAX_REPLY = 256 * 1024 * 1024
+READ_SIZE = 1 << 18  # bytes asked of the socket at once
 _SHOWN = 40  # characters of a bad value quoted in an error
 NOT_TEXT = "undecodable bytes, or a lone surrogate like \\ud800"  # what a string that is not text holds
 
-# Every request type the daemon answers, with the argument names it accepts.
-OPERATIONS: dict[str, frozenset[str]] = {
-    "status": frozenset(),
-    "submit": frozenset({"tasks", "template", "material_id"}),
-    "run": frozenset({"template", "material_id", "params"}),
-    "ls": frozenset({"status", "run", "type", "limit"}),
-    "runs": frozenset({"status", "limit"}),
-    "show": frozenset({"id"}),
-    "cancel": frozenset({"id"}),
-    "pause": frozenset({"id"}),
-    "resume": frozenset({"id"}),
-    "log_path": frozenset({"id"}),
-    "restarts": frozenset({"all"}),
-    "restarts_dismiss": frozenset({"id"}),
-    "restarts_recreate": frozenset({"id"}),
-    "queues": frozenset(),
-    "queue_pause": frozenset({"name"}),
-    "queue_resume": frozenset({"name"}),
-    "queue_workers": frozenset({"name", "workers"}),
+# The fields a task object of a `submit` request may have (`daemon.submission` checks them).
+TASK_FIELDS = frozenset(
+    {"id", "key", "type", "payload", "priority", "depends_on", "max_retries", "idempotency_key", "material_id",
+     "timeout", "queue"}
+)
+
+
+def _integer(value: Any) -> bool:
+    # bool is an int in Python, and SQLite binds only 64-bit integers.
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+# The JSON types an argument may be declared as, each with its test.
+JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "str": lambda value: isinstance(value, str),
+    "int": _integer,
+    "float": lambda value: _integer(value) or isinstance(value, float),
+    "bool": lambda value: isinstance(value, bool),
+    "None": lambda value: value is None,
+    "list[str]": lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value),
+    "Any": lambda value: True,  # checked by the handler itself (a submission's task objects)
 }
 
 
-class ProtocolError(FredicaError):
-    """The message does not follow the control protocol."""
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One argument of a request: the JSON types it may have, and whether it must be there."""
+
+    types: str  # "str | None": names of JSON_TYPES joined by "|", as the error says it
+    required: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        return any(JSON_TYPES[name.strip()](value) for name in self.types.split("|"))
 
 
-class FrameTooLarge(ProtocolError):
-    """The message is larger than the protocol allows."""
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """One request type: its arguments, and whether the supervisor's loop must run it (a write)."""
+
+    name: str
+    arguments: Mapping[str, Argument]
+    writes: bool = False
+
+    def check(self, args: Mapping[str, Any]) -> None:
+        """Refuse an unknown or missing argument, or one of the wrong JSON type, in one line."""
+        unknown = sorted(set(args) - set(self.arguments))
+        if unknown:
+            raise ProtocolError(f"{self.name} does not take {', '.join(shown(name) for name in unknown)}")
+        for name, argument in self.arguments.items():
+            if name not in args:
+                if argument.required:
+                    raise ProtocolError(f"bad arguments for {self.name}: {name} is required")
+            elif not argument.accepts(args[name]):
+                raise ProtocolError(
+                    f"bad arguments for {self.name}: {name} must be {argument.types}, not {described(args[name])}"
+                )
 
 
-class ConnectionClosed(ProtocolError):
-    """The other side closed the connection before a whole message arrived."""
+def _operation(op: str, /, writes: bool = False, **arguments: Argument) -> tuple[str, Operation]:
+    # `op` positional-only: an argument may be called `name` (a queue's).
+    return op, Operation(op, arguments, writes)
 
 
-class NotText(ProtocolError):
-    """A string of the message is not text: undecodable bytes (as Python keeps them from a command
-    line) or a lone surrogate, neither of which UTF-8 can carry."""
+_ID = Argument("str", required=True)
+
+# Every request type the daemon answers, with what it takes: the one table both sides check
+# requests against (the client before sending, the daemon before a handler runs).
+OPERATIONS: dict[str, Operation] = dict([
+    _operation("status"),
+    _operation("submit", writes=True, tasks=Argument("Any", required=True), template=Argument("str"),
+               material_id=Argument("str | None")),
+    _operation("run", writes=True, template=Argument("str", required=True), material_id=Argument("str | None"),
+               params=Argument("Any")),
+    _operation("ls", status=Argument("str | list[str] | None"), run=Argument("str | None"),
+               type=Argument("str | None"), limit=Argument("int | None")),
+    _operation("runs", status=Argument("str | None"), limit=Argument("int | None")),
+    _operation("show", id=_ID),
+    _operation("wait", ids=Argument("list[str]", required=True), timeout=Argument("float | None")),
+    _operation("cancel", writes=True, id=_ID),
+    _operation("pause", writes=True, id=_ID),
+    _operation("resume", writes=True, id=_ID),
+    _operation("log_path", id=Argument("str | None")),
+    _operation("restarts", all=Argument("bool")),
+    _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
+    _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
+    _operation("queues"),
+    _operation("queue_pause", writes=True, name=Argument("str", required=True)),
+    _operation("queue_resume", writes=True, name=Argument("str", required=True)),
+    _operation("queue_workers", writes=True, name=Argument("str", required=True),
+               workers=Argument("int", required=True)),
+])
+
+
+# What the replies hold (the `data` of an ok reply), for both sides' type hints.
+class SubmittedTask(TypedDict):
+    id: str
+    created: bool  # False: an active task with its idempotency key was there; this is its id
+
+
+class SubmitReply(TypedDict):
+    run_id: str | None  # None when every task was already active
+    tasks: list[SubmittedTask]
+
+
+class CancelReply(TypedDict):
+    cancelled: list[str]
+    stopping: list[str]
+
+
+class ShowReply(TypedDict):
+    kind: str  # "task" or "run"
+    object: dict[str, Any]  # a run's has `tasks` too
+
+
+class WaitReply(TypedDict):
+    tasks: list[dict[str, Any]]  # in the order asked
+    ended: bool  # False: the timeout came first, and some of them are still active
 
 
 def shown(value: str) -> str:
@@ -163,46 +245,47 @@ def decode(body: bytes) -> dict[str, Any]:
     return message
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, remaining = [], size
-    while remaining:
-        chunk = sock.recv(min(remaining, 1 << 20))
-        if not chunk:
-            raise ConnectionClosed(f"connection closed with {remaining} of {size} bytes missing")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(sock: socket.socket, limit: int) -> dict[str, Any]:
-    """Read one frame from a blocking socket; ProtocolError if it is truncated, too large or not
-    a JSON object of text."""
-    size = frame_size(_read_exactly(sock, HEADER), limit)
-    return decode(_read_exactly(sock, size))
-
-
 class FrameReader:
-    """One frame assembled from the pieces a non-blocking socket gives: `feed` them as they come."""
+    """Frames assembled from the pieces a socket gives, on either side of it: `feed` the pieces as
+    they come (blocking or not); bytes past a frame are kept for the next one."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.received = bytearray()
-        self.size: int | None = None  # the body's, once the header is in
+        self.received = bytearray()  # of the frame under way (and any after it)
+        self.size: int | None = None  # its body's, once its header is in
 
-    def feed(self, data: bytes) -> bytes | None:
-        """The body once it is whole (bytes past it are ignored); FrameTooLarge from the header."""
+    def feed(self, data: bytes = b"") -> bytes | None:
+        """The body of the next frame once it is whole, else None; FrameTooLarge from the header.
+        `feed()` with nothing looks for a frame that came behind the last one."""
         self.received += data
         if self.size is None and len(self.received) >= HEADER:
             self.size = frame_size(bytes(self.received[:HEADER]), self.limit)
-        if self.size is not None and len(self.received) >= HEADER + self.size:
-            return bytes(self.received[HEADER : HEADER + self.size])
-        return None
+        if self.size is None or len(self.received) < HEADER + self.size:
+            return None
+        end, self.size = HEADER + self.size, None
+        body = bytes(self.received[HEADER:end])
+        del self.received[:end]
+        return body
 
     def missing(self) -> str:
         """What is still to come, for the error that says the rest never did."""
         if self.size is None:
             return f"{HEADER - len(self.received)} of the {HEADER} header bytes missing"
         return f"{HEADER + self.size - len(self.received)} of {self.size} bytes missing"
+
+
+def read_frame(sock: socket.socket, limit: int, frames: FrameReader | None = None) -> dict[str, Any]:
+    """Read one frame from a blocking socket (through `frames`, which keeps what came after it, for
+    a connection that carries more); ProtocolError if it is truncated, too large or not a JSON
+    object of text."""
+    frames = frames if frames is not None else FrameReader(limit)
+    body = frames.feed()
+    while body is None:
+        chunk = sock.recv(READ_SIZE)
+        if not chunk:
+            raise ConnectionClosed(f"connection closed with {frames.missing()}")
+        body = frames.feed(chunk)
+    return decode(body)
 
 
 def write_frame(sock: socket.socket, message: Mapping[str, Any], limit: int) -> None:
@@ -225,9 +308,7 @@ def parse_request(message: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     args = message.get("args", {})
     if not isinstance(args, dict):
         raise ProtocolError("args must be a JSON object")
-    unknown = sorted(set(args) - OPERATIONS[op])
-    if unknown:
-        raise ProtocolError(f"{op} does not take {', '.join(shown(name) for name in unknown)}")
+    OPERATIONS[op].check(args)
     return op, args
 
 

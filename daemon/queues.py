@@ -16,16 +16,12 @@ import dataclasses
 import re
 from typing import Any, Container, Iterable, Mapping
 
-from daemon.errors import FredicaError, SubmissionRefused
+from daemon.errors import QueueError, SubmissionRefused
 
 DEFAULT = "default"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_WORKERS = 1024
 QUEUE_KEYS = {"workers", "types"}
-
-
-class QueueError(FredicaError):
-    """The queue configuration is invalid, or a request names no configured queue."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,17 +21,11 @@ from typing import IO, Iterator
 import structlog
 
 from daemon import config, logs, paths
-from daemon.errors import FredicaError
+from daemon.errors import FredicaError, AlreadyRunning, CannotStart  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
 log = structlog.get_logger("fredica.daemon")
 
 
-class AlreadyRunning(FredicaError):
-    """Another daemon owns this database."""
-
-
-class CannotStart(FredicaError):
-    """A path the daemon cannot use or a database it cannot open: one line, not a traceback."""
 
 
 @contextlib.contextmanager

@@ -125,6 +125,14 @@ class Supervisor:
             raise fault.refusal()
         return self._handoff.call(fn, timeout)
 
+    def commits(self) -> int:
+        """How many transactions the loop has committed: see `wait_for_commit`."""
+        return self._handoff.commits
+
+    def wait_for_commit(self, seen: int, timeout: float) -> int:
+        """Block (any thread but the loop's) until the loop commits after the `seen`-th commit."""
+        return self._handoff.wait_for_commit(seen, timeout)
+
     def report_corruption(self, exc: BaseException) -> None:
         """A reader found the database corrupt: the loop ends the daemon (SPEC §13). Any thread."""
         if self._corruption is None:
@@ -234,7 +242,7 @@ class Supervisor:
                 self.loops.dismiss_all()
             with contextlib.suppress(Exception):
                 self.conn.close()
-            self._handoff.finished.set()
+            self._handoff.end()
             log.info("supervisor_stopped", exit_status=self.exit_status)
 
     def _record_at_exit(self) -> bool:
@@ -281,10 +289,12 @@ class Supervisor:
     def tick(self, now: float | None = None) -> float:
         """One pass of the loop; returns how long the loop may sleep before the next one.
 
-        The requests handed over by other threads and everything the tick writes are one
-        transaction (one commit, however many tasks it moves). What must not happen before the
-        commit waits: a request is answered only once what it did is durable, and a task is sent
-        to its executor process only once its `running` row, with that process's pid, is.
+        The requests handed over by other threads come first, in a short transaction of their own
+        (one commit for all that arrived together), and are answered once it is committed, so
+        that none waits behind claims and process starts. Everything else the tick writes is one
+        more transaction (one commit, however many tasks it moves). What must not happen before
+        a commit waits: a request is answered only once what it did is durable, and a task is
+        sent to its executor process only once its `running` row, with that process's pid, is.
         """
         if self._corruption is not None:  # found by a reader of the database, on another thread
             self._end_on_corruption(self._corruption)
@@ -298,10 +308,18 @@ class Supervisor:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
         try:
+            if self._handoff.pending():
+                with db.write(self.conn):
+                    answers = self._handoff.run_calls(self.conn)
+                self._handoff.answer(answers)
+                self._handoff.note_commit()
+                answers = []
+                self._stops = []  # committed: a rollback of what follows must not undo them
+                self._flush_outbox()  # the requests' commands to their processes
             with db.write(self.conn):
                 # Requests first, then the clock: a task submitted by a request is stamped before
                 # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
-                answers = self._handoff.run_calls(self.conn)
+                answers = self._handoff.run_calls(self.conn)  # those that came since, if any
                 now = self.clock() if now is None else now
                 self._note_shutdown(now)
                 timeout = self._tick(now)
@@ -315,6 +333,7 @@ class Supervisor:
                 raise
             return self._on_database_fault(kind, exc, self.clock() if now is None else now)
         self._handoff.answer(answers)
+        self._handoff.note_commit()
         if self.fault is not None:
             log.warning("database_fault_ended", seconds=round(now - self.fault.since, 3),
                         retries=self.fault.failed_retries + 1)

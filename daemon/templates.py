@@ -33,16 +33,13 @@ import dataclasses
 import re
 from typing import Any, Container, Mapping, Sequence
 
-from daemon.errors import FredicaError
+from daemon.errors import TemplateError  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.submission import SubmissionRefused, TaskSpec, parse_spec
 
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(@?[\w-]+(?:\.[\w-]+)*)\}")
 TEMPLATE_KEYS = {"description", "params", "defaults", "tasks"}
 TASK_KEYS = {"type", "payload", "depends_on", "priority", "max_retries", "timeout", "idempotency_key", "queue"}
 
-
-class TemplateError(FredicaError):
-    """The template is invalid or cannot be started with these parameters."""
 
 
 @dataclasses.dataclass(frozen=True)

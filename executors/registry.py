@@ -14,14 +14,11 @@ import importlib.metadata
 import sys
 from typing import Iterator, Mapping
 
-from daemon.errors import FredicaError
+from daemon.errors import ExecutorConfigError  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from executors.base import TaskExecutor
 
 ENTRY_POINT_GROUP = "fredica.executors"
 
-
-class ExecutorConfigError(FredicaError):
-    """An executor reference is invalid."""
 
 
 def normalise_ref(ref: str) -> str:

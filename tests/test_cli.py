@@ -517,7 +517,7 @@ def _answer_once(path: Path, reply: bytes | None) -> threading.Thread:
 def test_daemon_that_closes_without_replying_is_unreachable(tmp_path):
     server = _answer_once(tmp_path / "mute.sock", None)
     with pytest.raises(client.DaemonUnreachable, match="closed the connection without a reply"):
-        client.Client(tmp_path / "mute.sock").call("status")
+        client.Client(socket_path=tmp_path / "mute.sock").call("status")
     server.join()
 
 
@@ -529,18 +529,17 @@ def test_daemon_that_closes_without_replying_is_unreachable(tmp_path):
         (b"\x00\x00\x00\x03[1]", "not a JSON object"),
     ],
 )
-def test_a_malformed_reply_is_a_remote_error(tmp_path, reply, message):
+def test_a_malformed_reply_is_a_protocol_error(tmp_path, reply, message):
     server = _answer_once(tmp_path / "odd.sock", reply)
-    with pytest.raises(client.RemoteError, match=message) as raised:
-        client.Client(tmp_path / "odd.sock").call("status")
-    assert raised.value.kind == "ProtocolError"
+    with pytest.raises(protocol.ProtocolError, match=message):
+        client.Client(socket_path=tmp_path / "odd.sock").call("status")
     server.join()
 
 
 def test_client_raises_remote_error_with_kind_and_message(fake):
     fake.handlers["status"] = Refuse("Recovering", "the daemon is still recovering")
     with pytest.raises(client.RemoteError) as raised:
-        client.Client(fake.path).call("status")
+        client.Client(socket_path=fake.path).call("status")
     assert (raised.value.kind, raised.value.message) == ("Recovering", "the daemon is still recovering")
 
 

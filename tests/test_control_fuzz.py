@@ -40,7 +40,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
     max_leaves=12,
 )
-ARGUMENT_NAMES = sorted(set().union(*protocol.OPERATIONS.values()))
+ARGUMENT_NAMES = sorted(set().union(*(o.arguments for o in protocol.OPERATIONS.values())))
 SPEC_FIELDS = ["type", "payload", "priority", "depends_on", "max_retries", "idempotency_key",
                "material_id", "timeout", "key", "id"]
 
@@ -74,7 +74,7 @@ def requests(draw: st.DrawFn, ids: list[str]) -> dict[str, Any]:
         args: Any = draw(JSON)
     else:
         # Mostly the op's own argument names, so that most requests reach its handler.
-        own = sorted(protocol.OPERATIONS.get(op, ())) if known else []
+        own = sorted(protocol.OPERATIONS[op].arguments) if known else []
         anything = st.sampled_from(ARGUMENT_NAMES) | TEXT
         names = st.sampled_from(own) if own and draw(st.integers(0, 4)) > 0 else anything
         values = st.sampled_from(ids + ["pending", "completed", "adhoc", MISSING_ID]) | st.integers(-3, 3) | JSON

@@ -177,11 +177,11 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
 def fill(directory: Path) -> Path:
     """Write a file until the filesystem is full; the file, to delete when space must come back."""
     filler = directory / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file's close would write again what the full disk refused, and raise.
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     return filler

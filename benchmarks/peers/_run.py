@@ -15,10 +15,12 @@ The three workloads of benchmarks/throughput.py, each system with 2 workers and 
 
 Systems (each measurement uses a fresh instance: new database / queue / server, new workers):
 
-  fredica     in-process `Supervisor`, max_workers=2, forkserver, default durability (WAL,
-              synchronous=NORMAL), real `benchmarks.noop:Noop` executor, one process per task.
-              W1 and W3 are benchmarks/_throughput.py's `w1_batch` itself; W2 uses its `supervisor`
-              with the executor `benchmarks.peers.fredica_tasks:Stamp`, which returns its start time.
+  fredica     the real daemon, `fredica daemon --config FILE` as a subprocess, driven through the
+              public client `daemon.client.Client`, one call per task (benchmarks/peers/
+              fredica_daemon.py says how each workload maps onto it): max_workers=2, forkserver,
+              default durability (WAL, synchronous=NORMAL), real `benchmarks.noop:Noop` executor,
+              one process per task; W2 with `benchmarks.peers.fredica_tasks:Stamp`, which returns
+              its start time. Extra rows: W1 batch (the W1 tasks in one `submit_batch`) and S.
   fredica-reuse  the same with tasks_per_process = 1000000: each executor process runs attempt after
               attempt (one at a time) instead of one attempt and exit.
   huey        SqliteHuey, `huey_consumer -k process -w 2 -d 0.001 -m 0.01 -b 1.15` (tuned polling:
@@ -32,7 +34,10 @@ Systems (each measurement uses a fresh instance: new database / queue / server, 
               start time `date` read).
   tsp-python  the same with a Python task: `python3 -c pass` (W2: `python3 -c "print(time.time())"`).
 
-How completion is seen: fredica, a read-only connection to its database (as _throughput.py); RQ,
+  S (fredica, Huey) the latency of one submit call (Huey: one enqueue), p50 and p95 of --submits calls
+      in a row from one producer, and calls/s.
+
+How completion is seen: fredica, `Client.wait` (it blocks in the daemon until the tasks end); RQ,
 its finished-job registry (W1) and result stream (`Job.latest_result(timeout=...)`: XREAD, no
 polling); Huey stores nothing for tasks that return None, so its tasks append to a marker file at
 their end (benchmarks/peers/peer_tasks.py) and the client watches the file's size; tsp, `tsp -w ID`.
@@ -59,7 +64,6 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -78,6 +82,7 @@ from typing import Any
 import psutil
 
 from benchmarks import _throughput
+from benchmarks.peers import fredica_daemon
 from benchmarks._throughput import percentile, wait_until
 
 REPO = _throughput.REPO
@@ -183,65 +188,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# --- fredica --------------------------------------------------------------------------------------
-
-
-class Fredica:
-    def __init__(self, tasks_per_process: int = 1) -> None:
-        self.tasks_per_process = tasks_per_process
-
-    @contextlib.contextmanager
-    def instance(self) -> Iterator[Fredica]:
-        # Each workload function makes its own Supervisor, database and temp dir, with these settings.
-        _throughput.SETTINGS["tasks_per_process"] = self.tasks_per_process
-        try:
-            yield self
-        finally:
-            _throughput.SETTINGS.clear()
-
-    def w1(self, n: int) -> float:
-        return _throughput.w1_batch(METHOD, n)
-
-    def w3(self, n: int) -> float:
-        return _throughput.w1_batch(METHOD, n, chain=True)
-
-    def w2(self, n: int) -> list[float]:
-        saved = _throughput.NOOP_REF
-        _throughput.NOOP_REF = "benchmarks.peers.fredica_tasks:Stamp"  # read by supervisor()
-        try:
-            with _throughput.supervisor(METHOD) as (sup, path):
-                specs = _throughput.noop_specs(1)
-                watch = _throughput.reader(path)
-                latencies = []
-                for _ in range(n):
-                    submitted = time.time()
-                    task_id = sup.submit(specs).tasks[0].id
-                    row = wait_until(
-                        lambda task_id=task_id: watch.execute(
-                            "SELECT status, result FROM task WHERE id = ? AND status IN ('completed', 'failed', 'cancelled')",
-                            (task_id,),
-                        ).fetchone(),
-                        timeout=60.0,
-                        interval=0.001,
-                    )
-                    if row["status"] != "completed":
-                        raise RuntimeError(f"fredica W2 task {task_id} ended {row['status']}")
-                    latencies.append((json.loads(row["result"])["started"] - submitted) * 1000)
-                watch.close()
-        finally:
-            _throughput.NOOP_REF = saved
-        return latencies
-
-
-def preload_stamp() -> None:
-    """Have the fork server preload W2's executor module too, as the daemon preloads the modules of
-    its registered executors (only the first Supervisor's context starts the server, with Noop's)."""
-    from daemon.engine.executor_processes import base as executor_processes
-
-    if "benchmarks.peers.fredica_tasks" not in executor_processes.FORKSERVER_PRELOAD:
-        executor_processes.FORKSERVER_PRELOAD = [*executor_processes.FORKSERVER_PRELOAD, "benchmarks.peers.fredica_tasks"]
-
-
 # --- Huey -----------------------------------------------------------------------------------------
 
 
@@ -307,6 +253,10 @@ class Huey:
             started = float(self.marker.read_bytes()[base:])
             latencies.append((started - submitted) * 1000)
         return latencies
+
+    def submit_latency(self, n: int) -> tuple[list[float], float]:
+        """One enqueue call's latency, n in a row (the consumer runs them meanwhile, as it would)."""
+        return fredica_daemon.latency_of(self.peer.noop_marked, n)
 
     def w3(self, n: int) -> float:
         noop = self.peer.noop_marked
@@ -620,9 +570,13 @@ def fredica_cpu(n: int) -> list[tuple[str, float]]:
 
 
 def environment() -> dict[str, str]:
-    import huey
-    import redis
-    import rq
+    import importlib.metadata
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
 
     def run(cmd: list[str]) -> str:
         try:
@@ -652,9 +606,9 @@ def environment() -> dict[str, str]:
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
-        "huey": huey.__version__,
-        "rq": rq.__version__ if hasattr(rq, "__version__") else rq.VERSION,
-        "redis-py": redis.__version__,
+        "huey": version("huey"),
+        "rq": version("rq"),
+        "redis-py": version("redis"),
         "redis-server": run(["redis-server", "--version"]),
         "tsp": run([TSP, "-V"]),
     }
@@ -662,7 +616,8 @@ def environment() -> dict[str, str]:
 
 # --- main -----------------------------------------------------------------------------------------
 
-HIGHER_IS_BETTER = {"W1": True, "W2 p50": False, "W2 p95": False, "W3": False}
+HIGHER_IS_BETTER = {"W1": True, "W1 batch": True, "W2 p50": False, "W2 p95": False, "W3": False,
+                    "S p50": False, "S p95": False, "S calls/s": True}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequential", type=int, default=50, help="W2 task count")
     parser.add_argument("--chain", type=int, default=200, help="W3 chain length")
     parser.add_argument("--only", default=",".join(SYSTEMS), help=f"comma-separated systems (default all: {','.join(SYSTEMS)})")
-    parser.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3")
+    parser.add_argument("--workloads", default="W1,W1b,W2,W3,S", help="comma-separated subset of W1,W1b,W2,W3,S")
+    parser.add_argument("--submits", type=int, default=2000, help="S: submit calls in a row")
     parser.add_argument("--out", default=str(Path(__file__).with_name("last_run.md")), help="markdown output file")
     parser.add_argument(
         "--fredica-cpu",
@@ -712,14 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
         server: Redis | None = None
         try:
-            if any(n.startswith("fredica") for n in names):
-                preload_stamp()
-                _throughput.warm_up(METHOD)  # the forkserver (and resource tracker) start here, once
             if any(n.startswith("rq") for n in names):
                 server = Redis(Path(tmp))
             systems: dict[str, Any] = {
-                "fredica": Fredica(),
-                "fredica-reuse": Fredica(tasks_per_process=1_000_000),
+                "fredica": fredica_daemon.FredicaDaemon(),
+                "fredica-reuse": fredica_daemon.FredicaDaemon(tasks_per_process=1_000_000),
                 "huey": Huey("normal"),
                 "huey-full": Huey("default"),
                 "rq-fork": RQ(server, "rq.worker.Worker") if server else None,
@@ -732,8 +685,22 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.reps):
                     order = names[rep % len(names):] + names[: rep % len(names)]
                     for name in order:
+                        needs = {"W1b": "w1_batch", "S": "submit_latency"}.get(workload)
+                        if needs and not hasattr(systems[name], needs):
+                            continue  # fredica's batch row; the submit latency of those that have it
                         with systems[name].instance() as inst:
-                            if workload == "W1":
+                            if workload == "W1b":
+                                seconds = inst.w1_batch(args.tasks)
+                                raw.setdefault(("W1 batch", name), []).append(args.tasks / seconds)
+                                log(f"  W1b rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
+                            elif workload == "S":
+                                lat, rate = inst.submit_latency(args.submits)
+                                p50, p95 = percentile(lat, 50), percentile(lat, 95)
+                                raw.setdefault(("S p50", name), []).append(p50)
+                                raw.setdefault(("S p95", name), []).append(p95)
+                                raw.setdefault(("S calls/s", name), []).append(rate)
+                                log(f"  S rep {rep + 1} {name}: p50 {p50:.3f} ms, p95 {p95:.3f} ms, {rate:.0f} calls/s")
+                            elif workload == "W1":
                                 seconds = inst.w1(args.tasks)
                                 raw.setdefault(("W1", name), []).append(args.tasks / seconds)
                                 log(f"  W1 rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
@@ -783,9 +750,13 @@ def _multiprocessing_helper(proc: psutil.Process) -> bool:
 def render(raw: dict[tuple[str, str], list[float]], names: list[str], args: argparse.Namespace, env_info: dict[str, str]) -> str:
     metrics = [
         ("W1", f"W1 {args.tasks:,} no-op tasks: tasks/s (higher is better)", "{:.0f}"),
+        ("W1 batch", f"W1 batch: the {args.tasks:,} tasks in one submission, tasks/s", "{:.0f}"),
         ("W2 p50", f"W2 {args.sequential} sequential: submit→start p50, ms", "{:.2f}"),
         ("W2 p95", f"W2 {args.sequential} sequential: submit→start p95, ms", "{:.2f}"),
         ("W3", f"W3 chain of {args.chain}: ms per link", "{:.2f}"),
+        ("S p50", f"S {args.submits:,} submit calls in a row: p50 of one, ms", "{:.3f}"),
+        ("S p95", f"S {args.submits:,} submit calls in a row: p95 of one, ms", "{:.3f}"),
+        ("S calls/s", "S: submit calls/s from one producer", "{:.0f}"),
     ]
     peers = [n for n in names if not n.startswith("fredica")]
     ours = [n for n in names if n.startswith("fredica")]

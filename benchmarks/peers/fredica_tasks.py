@@ -19,8 +19,23 @@ if TYPE_CHECKING:
 class Stamp(TaskExecutor):
     """Completes at once; its result is {"started": time.time() at the start of execute}."""
 
-    task_type = "NOOP"
+    task_type = "STAMP"
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         started = time.time()
         return ExecuteResult(result={"started": started})
+
+
+class Gate(TaskExecutor):
+    """Runs until the file its payload names exists (or it is cancelled): a dependency that keeps
+    the tasks submitted behind it waiting, so that a submission measures the submission alone."""
+
+    task_type = "GATE"
+
+    def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
+        import os
+
+        while not os.path.exists(task.payload["open_file"]):
+            if ctx.wait_cancelled(0.05):
+                break
+        return ExecuteResult(result={})

@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Iterator
 
 from daemon import paths
-from daemon.errors import FredicaError
+from daemon.errors import DatabaseUnusable  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.store import migrations
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
 BUSY_TIMEOUT = 10.0  # seconds a write waits for another process's lock
 
-
-class DatabaseUnusable(FredicaError):
-    """The database cannot be used as it is; nothing was changed."""
 
 
 def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:

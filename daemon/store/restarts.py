@@ -6,13 +6,10 @@ import json
 import sqlite3
 from typing import Sequence
 
-from daemon.errors import FredicaError
+from daemon.errors import FredicaError, UnknownRestartEntry  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.models import RestartEntry, Task
 from daemon.store.db import write
 
-
-class UnknownRestartEntry(FredicaError):
-    """No restart-log entry has that id."""
 
 
 PENDING_REVIEW = "pending_review"

@@ -1,0 +1,158 @@
+"""fredica-worker as users run it, for benchmarks/peers: `fredica daemon --config FILE` as a
+subprocess, driven through the public client (`daemon.client.Client`), one call per task.
+
+Each instance is a fresh daemon on a fresh config, database and log directory in a temp dir
+(max_workers = 2, forkserver, default durability: WAL with synchronous = NORMAL), stopped with
+SIGTERM afterwards. Completion is observed with `Client.wait`, which blocks in the daemon until
+the tasks have ended (woken by the loop's commits), so no client-side polling is measured.
+
+  W1        n `Client.submit` calls, one per no-op task, then one `wait` for all of them.
+  W1 batch  one `Client.submit_batch` of the n tasks, then `wait`.
+  W2        submit one `Stamp` task, `wait` for it, next; latency = its recorded start - the
+            client's `time.time()` just before submitting.
+  W3        a chain of n tasks, each submitted by its own call with `depends_on` = the previous.
+  S         the latency of one `Client.submit` call (p50, p95) and calls/s, n calls in a row
+            from one producer; the tasks depend on a `Gate` task that runs until the end, so
+            each call is the submission alone (its commit included), not the runs it causes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+class FredicaDaemon:
+    """One benchmark system: the daemon with `tasks_per_process`, behind `Client`."""
+
+    def __init__(self, tasks_per_process: int = 1) -> None:
+        self.tasks_per_process = tasks_per_process
+
+    @contextlib.contextmanager
+    def instance(self) -> Iterator[FredicaDaemon]:
+        from daemon.client import Client
+
+        with tempfile.TemporaryDirectory(prefix="peers-fredica-") as tmp:
+            root = Path(tmp)
+            config = root / "config.toml"
+            settings = {
+                "database": str(root / "fredica.db"), "socket": str(root / "control.sock"),
+                "log_dir": str(root / "logs"), "max_workers": 2, "tasks_per_process": self.tasks_per_process,
+            }
+            config.write_text(
+                "[daemon]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
+                + "\n[executors]\nNOOP = \"benchmarks.noop:Noop\"\n"
+                + "STAMP = \"benchmarks.peers.fredica_tasks:Stamp\"\nGATE = \"benchmarks.peers.fredica_tasks:Gate\"\n"
+            )
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+            env.pop("FREDICA_CONFIG", None)
+            with open(root / "daemon.out", "ab") as out:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "daemon", "daemon", "--config", str(config)],
+                    env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                )
+            self.open_file = root / "gate-open"
+            try:
+                self.client = Client(config)
+                self._wait_ready(root)
+                self.client.wait(self.client.submit("NOOP"), timeout=60)  # warm: a process has run a task
+                yield self
+            finally:
+                self.client.close()
+                if self.process.poll() is None:
+                    self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(10)
+
+    def _wait_ready(self, root: Path) -> None:
+        from daemon.errors import DaemonUnreachable
+
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"fredica daemon exited: {(root / 'daemon.out').read_text()[-2000:]}")
+            try:
+                self.client.status()
+                return
+            except DaemonUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _all_completed(self, ids: list[str]) -> None:
+        tasks = self.client.wait(*ids, timeout=max(120.0, len(ids) * 0.5))
+        bad = [t for t in tasks if t["status"] != "completed"]
+        if bad:
+            raise RuntimeError(f"{len(bad)} fredica tasks ended otherwise, e.g. {bad[0]['status']}")
+
+    def w1(self, n: int) -> float:
+        t0 = time.perf_counter()
+        ids = [self.client.submit("NOOP") for _ in range(n)]
+        self._all_completed(ids)
+        return time.perf_counter() - t0
+
+    def w1_batch(self, n: int) -> float:
+        t0 = time.perf_counter()
+        ids = self.client.submit_batch([{"type": "NOOP"}] * n)
+        self._all_completed(ids)
+        return time.perf_counter() - t0
+
+    def w2(self, n: int) -> list[float]:
+        latencies = []
+        for _ in range(n):
+            submitted = time.time()
+            task_id = self.client.submit("STAMP")
+            [task] = self.client.wait(task_id, timeout=60)
+            if task["status"] != "completed":
+                raise RuntimeError(f"fredica W2 task {task_id} ended {task['status']}")
+            latencies.append((task["result"]["started"] - submitted) * 1000)
+        return latencies
+
+    def w3(self, n: int) -> float:
+        t0 = time.perf_counter()
+        previous = self.client.submit("NOOP")
+        ids = [previous]
+        for _ in range(n - 1):
+            previous = self.client.submit("NOOP", depends_on=[previous])
+            ids.append(previous)
+        self._all_completed(ids)
+        return time.perf_counter() - t0
+
+    def submit_latency(self, n: int) -> tuple[list[float], float]:
+        """Per-call latencies (ms) of `n` submit calls in a row, and calls/s over all of them."""
+        gate = self.client.submit("GATE", {"open_file": str(self.open_file)})
+        submit = self.client.submit
+        latencies = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            started = time.perf_counter()
+            submit("NOOP", depends_on=[gate])
+            latencies.append((time.perf_counter() - started) * 1000)
+        rate = n / (time.perf_counter() - t0)
+        self.open_file.touch()  # the waiting tasks run now; the instance is dropped anyway
+        return latencies, rate
+
+
+def latency_of(calls: Any, n: int) -> tuple[list[float], float]:
+    """Per-call latencies (ms) of `n` calls of `calls()` in a row, and calls/s: for the peers."""
+    latencies = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        started = time.perf_counter()
+        calls()
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies, n / (time.perf_counter() - t0)
