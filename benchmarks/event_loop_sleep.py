@@ -7,8 +7,8 @@ processes meanwhile. Run by hand:
     python3 benchmarks/event_loop_sleep.py --tasks 2000 --processes 1
 
 Starts the real daemon (`python3 -m daemon daemon --config FILE`, as `fredica daemon` runs) on a
-fresh temp directory, with `max_workers` = the number of tasks (every one may run at once) and
-the benchmark's ASYNC_SLEEP executor (benchmarks/noop.py). Submits them with the real CLI,
+fresh temp directory, with a queue of as many workers as tasks (every one may run at once) and
+`--processes` event-loop processes, for the benchmark's ASYNC_SLEEP executor (benchmarks/noop.py). Submits them with the real CLI,
 `fredica submit --batch FILE`, then asks `fredica status --json` until all have completed. The
 time is from just before the submit command starts to the first status that shows them all
 completed. Memory: the daemon and all its descendants, sampled every 0.1 s by psutil; the peak of
@@ -58,13 +58,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=1.0, help="how long each task sleeps")
+    parser.add_argument("--processes", type=int, default=2, help="event-loop processes of the queue")
+    parser.add_argument("--profile", metavar="FILE", help="record the daemon with py-spy into FILE (an SVG)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fredica-bench-loop-"))
     config = tmp / "fredica.toml"
     config.write_text(
         f'[daemon]\ndatabase = "{tmp}/fredica.db"\nsocket = "{tmp}/control.sock"\nlog_dir = "{tmp}/logs"\n'
-        f"max_workers = {args.tasks}\n\n"
-        f'[executors]\nASYNC_SLEEP = "benchmarks.noop:AsyncSleep"\n'
+        f'\n[executors]\nASYNC_SLEEP = "benchmarks.noop:AsyncSleep"\n'
+        f'\n[queues.sleepy]\nworkers = {args.tasks}\nprocesses = {args.processes}\ntypes = ["ASYNC_SLEEP"]\n'
     )
     batch = tmp / "batch.jsonl"
     line = json.dumps({"type": "ASYNC_SLEEP", "payload": {"seconds": args.seconds}})
@@ -81,6 +83,11 @@ def main() -> None:
         stop = threading.Event()
         sampler = threading.Thread(target=sample_memory, args=(psutil.Process(daemon.pid), stop, peaks))
         sampler.start()
+        spy = None
+        if args.profile:
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(daemon.pid), "--output", args.profile,
+                                    "--format", "raw", "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)  # py-spy attaches
         t0 = time.perf_counter()
         fredica(config, "submit", "--batch", str(batch))
         submitted = time.perf_counter() - t0
@@ -89,18 +96,28 @@ def main() -> None:
             if counts.get("completed", 0) >= args.tasks:
                 break
             if counts.get("failed", 0) or counts.get("cancelled", 0):
-                raise SystemExit(f"tasks did not complete: {counts}")
+                failed = json.loads(fredica(config, "ls", "--status", "failed", "--json"))
+                errors = sorted({(t["error_type"], (t["error"] or "")[:200]) for t in failed})
+                raise SystemExit(f"tasks did not complete: {counts}; errors: {errors[:5]}")
         elapsed = time.perf_counter() - t0
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(60)
         stop.set()
         sampler.join()
         load = os.getloadavg()
-        print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}); load average {load[0]:.2f}")
+        print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}), {args.processes} event-loop processes; "
+              f"load average {load[0]:.2f}")
         print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s")
         print(f"peak memory, daemon + executor processes: RSS {peaks['rss']:.0f} MB, USS {peaks['uss']:.0f} MB")
+    except BaseException:
+        print(f"kept for a look: {tmp}", file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     finally:
         daemon.terminate()
-        daemon.wait(30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        daemon.wait(120)  # running tasks get the shutdown grace
 
 
 if __name__ == "__main__":

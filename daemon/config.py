@@ -62,7 +62,7 @@ class Settings:
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     templates: Mapping[str, templates.Template] = dataclasses.field(default_factory=dict)
-    # The [queues.NAME] tables other than `default`; `all_queues` has every queue.
+    # The [queues.NAME] tables (`default` only with its event-loop settings); `all_queues` has every queue.
     queues: Mapping[str, queues.QueueConfig] = dataclasses.field(default_factory=dict)
     source: Path | None = None
 

@@ -18,10 +18,7 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
     caller ends that process instead.
     """
     size = len(data)
-    if size > 0x7FFFFFFF:
-        header = (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
-    else:
-        header = size.to_bytes(4, "big")
+    header = frame_header(size)
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     # One write for a usual task; a big one is not copied just to prepend its header.
@@ -36,17 +33,27 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
                 raise OSError(f"the executor process read none of its task for {stall:g} s")
 
 
-def ready(handles: Sequence[Any], timeout: float | None) -> list[Any]:
-    """Those of `handles` (fds, or objects with `fileno()`) that are ready to read, waiting up to
-    `timeout` seconds (None: until one is) for one to be.
+def frame_header(size: int) -> bytes:
+    """The header `Connection.send_bytes` puts before `size` bytes."""
+    if size > 0x7FFFFFFF:
+        return (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
+    return size.to_bytes(4, "big")
+
+
+def ready(handles: Sequence[Any], timeout: float | None, writable: Sequence[int] = ()) -> list[Any]:
+    """Those of `handles` (fds, or objects with `fileno()`) that are ready to read, and of the fds
+    `writable` those ready to be written, waiting up to `timeout` seconds (None: until one is).
 
     What `multiprocessing.connection.wait` does for the supervisor's handles, with one poll object
     of the C library instead of a Python selector and a key object per handle: the loop waits
     several times per task.
     """
-    by_fd = {h if isinstance(h, int) else h.fileno(): h for h in handles}
+    by_fd: dict[int, Any] = {h if isinstance(h, int) else h.fileno(): h for h in handles}
     poller = select.poll()
     for fd in by_fd:
         poller.register(fd, select.POLLIN)
+    for fd in writable:
+        poller.register(fd, select.POLLOUT | (select.POLLIN if fd in by_fd else 0))
+        by_fd.setdefault(fd, fd)
     milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
     return [by_fd[fd] for fd, _ in poller.poll(milliseconds)]

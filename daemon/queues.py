@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Container, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 from daemon.errors import QueueError, SubmissionRefused
 
 DEFAULT = "default"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-MAX_WORKERS = 1024
-QUEUE_KEYS = {"workers", "types"}
+# Attempts at once. Past SYNC_WORKERS each would be a process of its own: only a queue of event-loop
+# executors, whose attempts share `processes` processes, may be that big (`check_task_types`).
+MAX_WORKERS = 100_000
+SYNC_WORKERS = 1024
+MAX_PROCESSES = 64
+QUEUE_KEYS = {"workers", "types", "processes", "loop_block_limit"}
+DEFAULT_KEYS = {"processes", "loop_block_limit"}  # `[queues.default]`: its size is [daemon] max_workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +36,8 @@ class QueueConfig:
     name: str
     workers: int
     types: tuple[str, ...] = ()
+    processes: int = 1  # event-loop executor processes sharing its workers
+    loop_block_limit: float = 10.0  # seconds an event-loop process's loop may be blocked
 
 
 def check_name(name: Any) -> str:
@@ -69,11 +76,13 @@ def parse(data: Any) -> dict[str, QueueConfig]:
         unknown = sorted(set(body) - QUEUE_KEYS)
         if unknown:
             raise QueueError(f"{where} unknown key(s) {', '.join(repr(k) for k in unknown)}")
+        processes, block_limit = _event_loop_options(where, body)
         if name == DEFAULT:
             if "workers" in body:
                 raise QueueError(f"{where} takes no workers: set [daemon] max_workers")
             if "types" in body:
                 raise QueueError(f"{where} takes no types: it runs every type no other queue names")
+            found[name] = QueueConfig(name, 0, (), processes, block_limit)  # sized by `with_default`
             continue
         if "workers" not in body:
             raise QueueError(f"{where} needs workers = N")
@@ -85,21 +94,51 @@ def parse(data: Any) -> dict[str, QueueConfig]:
             if task_type in owner:
                 raise QueueError(f"task type {task_type} is routed to two queues: {owner[task_type]} and {name}")
             owner[task_type] = name
-        found[name] = QueueConfig(name, workers, tuple(types))
+        found[name] = QueueConfig(name, workers, tuple(types), processes, block_limit)
     return found
+
+
+def _event_loop_options(where: str, body: Mapping[str, Any]) -> tuple[int, float]:
+    processes = body.get("processes", 1)
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= MAX_PROCESSES:
+        raise QueueError(f"{where} processes must be an integer from 1 to {MAX_PROCESSES}, not {processes!r}")
+    limit = body.get("loop_block_limit", 10.0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0.1 <= limit <= 3600:
+        raise QueueError(f"{where} loop_block_limit must be a number of seconds from 0.1 to 3600, not {limit!r}")
+    return processes, float(limit)
 
 
 def with_default(queues: Mapping[str, QueueConfig], max_workers: int) -> dict[str, QueueConfig]:
     """Every queue: `default` (first, with `max_workers` workers), then the configured ones."""
-    return {DEFAULT: QueueConfig(DEFAULT, max_workers), **{n: q for n, q in queues.items() if n != DEFAULT}}
+    default = dataclasses.replace(queues.get(DEFAULT, QueueConfig(DEFAULT, 0)), workers=max_workers)
+    return {DEFAULT: default, **{n: q for n, q in queues.items() if n != DEFAULT}}
 
 
-def check_task_types(queues: Mapping[str, QueueConfig], known_types: Container[str]) -> None:
-    """Refuse a queue naming a task type no executor handles (known once executors are loaded)."""
+class KnowsExecutors(Protocol):
+    def __contains__(self, task_type: object) -> bool: ...
+    def runs_in_event_loop(self, task_type: str) -> bool: ...
+
+
+def check_task_types(queues: Mapping[str, QueueConfig], registry: KnowsExecutors) -> None:
+    """Refuse a queue naming a task type no executor handles (known once executors are loaded),
+    and one of more than SYNC_WORKERS workers that would run a plain (not event-loop) executor."""
     for queue in queues.values():
         for task_type in queue.types:
-            if task_type not in known_types:
+            if task_type not in registry:
                 raise QueueError(f"[queues.{queue.name}] types: no executor for type {task_type}")
+        check_size(queue.name, queue.workers, queue.types, registry)
+
+
+def check_size(name: str, workers: int, types: Iterable[str], registry: KnowsExecutors) -> None:
+    """Past SYNC_WORKERS, a queue must run event-loop executors only (and name its types: the
+    default queue runs whatever else there is)."""
+    if workers <= SYNC_WORKERS:
+        return
+    plain = [t for t in types if not registry.runs_in_event_loop(t)]
+    if name == DEFAULT or not types or plain:
+        what = f"type {plain[0]} is not an event-loop executor" if plain else "it may run any executor"
+        raise QueueError(f"[queues.{name}] workers: more than {SYNC_WORKERS} only for event-loop executors "
+                         f"({what}: each of its attempts would be a process)")
 
 
 def routing(queues: Mapping[str, QueueConfig]) -> dict[str, str]:

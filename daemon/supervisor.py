@@ -84,7 +84,12 @@ class Supervisor:
             settle_timeout=settings.cancel_grace, slots=self.queues.total_workers,
             idle_timeout=settings.idle_process_timeout,
         )
-        self.loops = event_loops.EventLoops(self.context)
+        # Each queue's own event-loop processes, started when an attempt first needs one.
+        self.loops = {
+            name: event_loops.EventLoops(self.context, queue=name, processes=queue.processes,
+                                         block_limit=queue.loop_block_limit)
+            for name, queue in self.queues.configs.items()
+        }
         self.started_at = clock()
         self._handoff = LoopHandoff()
         self._thread: threading.Thread | None = None
@@ -179,6 +184,7 @@ class Supervisor:
         than it runs stops nothing: it claims again once fewer run than it may."""
         self.queues.require(name)
         queues.check_workers(f"queue {name}:", workers)
+        queues.check_size(name, workers, self.queues.configs[name].types, self.registry)
         self.call(lambda: self._set_queue_workers(name, workers))
 
     def busy_by_queue(self) -> dict[str, int]:
@@ -238,8 +244,9 @@ class Supervisor:
                 self._answer_the_last_calls()
             with contextlib.suppress(Exception):
                 self.idle.dismiss_all()
-            with contextlib.suppress(Exception):
-                self.loops.dismiss_all()
+            for loops in self.loops.values():
+                with contextlib.suppress(Exception):
+                    loops.dismiss_all()
             with contextlib.suppress(Exception):
                 self.conn.close()
             self._handoff.end()
@@ -277,9 +284,13 @@ class Supervisor:
 
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._handoff.wake_fd]
+        unsent: list[int] = []
         for process in {id(rt.process): rt.process for rt in self.running.values()}.values():
             handles += process.fds()
-        ready = pipes.ready(handles, max(0.0, timeout))
+            fd = process.unsent()
+            if fd is not None:
+                unsent.append(fd)
+        ready = pipes.ready(handles, max(0.0, timeout), writable=unsent)
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
@@ -401,7 +412,7 @@ class Supervisor:
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
-        self._loops_due = self.loops.watch(now)
+        self._loops_due = [due for loops in self.loops.values() for due in loops.watch(now)]
         if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
             self._interrupt_all(now)
         self._flush_outbox()  # stop commands: they wait for no commit
@@ -454,7 +465,7 @@ class Supervisor:
         self._ready = None
         for rt in list(self.running.values()):
             self._guard(rt, self._enforce_deadlines, rt, now)
-        self._loops_due = self.loops.watch(now)
+        self._loops_due = [due for loops in self.loops.values() for due in loops.watch(now)]
         self._write_mirrors(now)
         if now >= self._next_heartbeat and self.running:
             tasks.heartbeat(self.conn, list(self.running), now)
@@ -462,7 +473,8 @@ class Supervisor:
         if self._shutdown_deadline is None:
             self._claim(now)
             self.idle.tick(now)
-            self.loops.tick(now)
+            for loops in self.loops.values():
+                loops.tick(now)
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:
@@ -571,7 +583,7 @@ class Supervisor:
         # > 1) a process that runs attempts itself, until it has run that many.
         # An `async def` executor's attempt joins the others in an event-loop process.
         if executor.runs_in_event_loop():
-            child, last = self.loops.take(), False
+            child, last = self.loops[task.queue].take(), False
         else:
             fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
             child = self.idle.take("fresh" if fresh else "reused")
@@ -636,15 +648,19 @@ class Supervisor:
     def _pool_of(self, process: executor_processes.ExecutorProcess) -> Any:
         """Where a process goes back once an attempt of it is over: the shared event-loop
         processes, or the idle pool."""
-        return self.loops if process.kind == "event_loop" else self.idle
+        if isinstance(process, executor_processes.EventLoopProcess):
+            return self.loops[process.queue]
+        return self.idle
 
     def _drain_all(self, now: float) -> None:
-        """Read what every attempt's process said, each process once (one may hold several)."""
+        """Read what every attempt's process said, each process once (one may hold several), and
+        write more of what it was assigned if some is waiting."""
         held: dict[int, dict[str, Attempt]] = {}
         for rt in self.running.values():
             held.setdefault(id(rt.process), {})[rt.token] = rt
         for attempts in held.values():
             first = next(iter(attempts.values()))
+            first.process.send_more()
             self._guard(first, self._drain, first.process, attempts, now, DRAIN_LIMIT)
 
     def _drain(

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from daemon import models
+from daemon import models, queues
 from daemon.engine.executor_processes import EventLoopProcess
 from daemon.models import TaskStatus
 from daemon.store import db, tasks
@@ -32,7 +32,7 @@ def make_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
 
 
 def loop_processes(sup: Supervisor) -> list[EventLoopProcess]:
-    return sup.call(lambda: list(sup.loops))
+    return sup.call(lambda: list(sup.loops["default"]))
 
 
 def test_fifty_attempts_run_at_once_in_one_event_loop_process(make_supervisor: Callable[..., Supervisor]) -> None:
@@ -89,7 +89,7 @@ def test_a_blocked_loop_gets_its_process_replaced_and_its_attempts_crash(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
     sup = make_supervisor()
-    sup.call(lambda: setattr(sup.loops, "block_limit", 0.5))
+    sup.call(lambda: setattr(sup.loops["default"], "block_limit", 0.5))
     gate = tmp_path / "gate"
     beside = submit(sup, "UNTIL_FILE", payload={"path": str(gate)})
     wait_for(lambda: get(sup, beside).progress == 1)
@@ -121,3 +121,14 @@ def test_sync_and_async_tasks_run_side_by_side(make_supervisor: Callable[..., Su
     asynchronous = submit(sup, "GATHERING", payload={"expect": 1})
     assert wait_ended(sup, sync).status is TaskStatus.COMPLETED
     assert wait_ended(sup, asynchronous).status is TaskStatus.COMPLETED
+
+
+def test_a_queue_spreads_its_attempts_over_its_event_loop_processes(make_supervisor: Callable[..., Supervisor]) -> None:
+    web = queues.QueueConfig("web", 40, ("GATHERING",), processes=2, loop_block_limit=5.0)
+    sup = make_supervisor(queues={"web": web})
+    # Each process counts only its own attempts: twenty in each of two, all overlapping.
+    ids = [t.id for t in sup.submit([parse_spec({"type": "GATHERING", "payload": {"expect": 20}})] * 40).tasks]
+    ended = [wait_ended(sup, task_id) for task_id in ids]
+    assert {t.status for t in ended} == {TaskStatus.COMPLETED} and {t.queue for t in ended} == {"web"}
+    assert len({t.executor_pid for t in ended}) == 2
+    assert [p.block_limit for p in sup.call(lambda: list(sup.loops["web"]))] == [5.0, 5.0]

@@ -155,6 +155,38 @@ def test_a_submission_naming_an_unknown_or_bad_queue_is_refused() -> None:
 # --- rendering -----------------------------------------------------------------------------------
 
 
+class AsyncOnly:
+    """A registry stand-in: the types it knows, and which of them are event-loop executors."""
+
+    def __init__(self, plain: set[str], in_event_loop: set[str]) -> None:
+        self.plain, self.in_event_loop = plain, in_event_loop
+
+    def __contains__(self, task_type: object) -> bool:
+        return task_type in self.plain | self.in_event_loop
+
+    def runs_in_event_loop(self, task_type: str) -> bool:
+        return task_type in self.in_event_loop
+
+
+def test_a_queue_of_thousands_of_workers_is_for_event_loop_executors_only() -> None:
+    registry = AsyncOnly({"SHELL"}, {"HTTP_REQUEST"})
+    big = {"web": queues.QueueConfig("web", 10_000, ("HTTP_REQUEST",), processes=2, loop_block_limit=3.0)}
+    queues.check_task_types(queues.with_default(big, 4), registry)  # accepted
+    mixed = {"web": queues.QueueConfig("web", 10_000, ("HTTP_REQUEST", "SHELL"))}
+    with pytest.raises(queues.QueueError, match=r"more than 1024 only for event-loop executors \(type SHELL"):
+        queues.check_task_types(queues.with_default(mixed, 4), registry)
+    untyped = {"web": queues.QueueConfig("web", 2_000)}
+    with pytest.raises(queues.QueueError, match="it may run any executor"):
+        queues.check_task_types(untyped, registry)
+    queues.check_task_types({"web": queues.QueueConfig("web", 1024)}, registry)  # a process each is allowed
+
+
+def test_the_default_queue_takes_its_event_loop_settings_and_keeps_max_workers() -> None:
+    parsed = queues.parse({"default": {"processes": 3, "loop_block_limit": 2}})
+    default = queues.with_default(parsed, 7)["default"]
+    assert (default.workers, default.processes, default.loop_block_limit) == (7, 3, 2.0)
+
+
 def test_queue_table_and_status_line() -> None:
     rows = [
         {"name": "default", "workers": 2, "busy": 1, "waiting": 12, "paused": False},

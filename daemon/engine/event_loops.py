@@ -21,8 +21,10 @@ class EventLoops:
     """Up to `processes` event-loop processes, started when an attempt first needs one. Used by
     the supervisor's loop thread only."""
 
-    def __init__(self, context: ExecutorContext, *, processes: int = 1, block_limit: float = 10.0) -> None:
+    def __init__(self, context: ExecutorContext, *, queue: str = "default", processes: int = 1,
+                 block_limit: float = 10.0) -> None:
         self._context = context
+        self.queue = queue
         self.processes = processes
         self.block_limit = block_limit
         self._serving: list[EventLoopProcess] = []  # alive and taking attempts
@@ -38,7 +40,7 @@ class EventLoops:
         if len(self._serving) < self.processes:
             started = executor_processes.start_process(self._context, "event_loop")
             assert isinstance(started, EventLoopProcess)
-            started.block_limit = self.block_limit
+            started.block_limit, started.queue = self.block_limit, self.queue
             self._serving.append(started)
         process = min(self._serving, key=lambda p: p.holding)
         process.holding += 1

@@ -195,7 +195,7 @@ class ExecutorProcess:
             task, executor_ref, dict(upstream), str(log_path), token, last, limits, cancel_grace
         )
         try:
-            pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), SEND_STALL)
+            self._send(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         finally:
             if last:
                 self.assignments.close()
@@ -204,6 +204,18 @@ class ExecutorProcess:
 
     def _assigned(self) -> None:
         """What a kind notes when an attempt is sent."""
+
+    def _send(self, data: bytes) -> None:
+        """Write one assignment: its process reads it before anything else (OSError if it stalls)."""
+        assert self.assignments is not None
+        pipes.send_within(self.assignments.fileno(), data, SEND_STALL)
+
+    def unsent(self) -> int | None:
+        """The assignment pipe's fd while what was assigned is not all written (None: it is)."""
+        return None
+
+    def send_more(self) -> None:
+        """Write more of what was assigned, as far as the pipe takes it without waiting."""
 
     def dismiss(self, timeout: float = 2.0) -> None:
         """End an idle process: it exits when its assignment pipe closes (killed if it does not)."""

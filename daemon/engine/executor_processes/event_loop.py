@@ -14,14 +14,16 @@ CRASHED, and retried as SPEC §6 says.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import os
 import signal
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import psutil
 import structlog
 
-from daemon import processes
+from daemon import pipes, processes
 from daemon.engine.executor_processes.base import ExecutorProcess
 
 if TYPE_CHECKING:
@@ -38,10 +40,37 @@ class EventLoopProcess(ExecutorProcess):
     kind: ClassVar[str] = "event_loop"
     holds_many: ClassVar[bool] = True
 
+    queue: str = "default"  # whose workers its attempts are
     block_limit: float = 10.0  # seconds without a heartbeat after which its loop counts as blocked
     alive_at: float | None = None  # the loop's `now` when its last heartbeat was read
     holding: int = 0  # attempts taken for it and not yet released (daemon.engine.event_loops)
     blocked: bool = False  # found blocked: being ended, takes nothing more
+    # Assignments not yet written: never waited for, as the other kinds' are. The process writes
+    # status while it reads them, and the loop reads that status only between ticks: a hand-over
+    # that waited for a busy process (thousands of attempts at once) would wait on itself.
+    _outgoing: collections.deque[memoryview] = dataclasses.field(default_factory=collections.deque, repr=False)
+
+    def _send(self, data: bytes) -> None:
+        self._outgoing.append(memoryview(pipes.frame_header(len(data)) + data))
+        self.send_more()
+
+    def unsent(self) -> int | None:
+        return self.assignments.fileno() if self._outgoing and self.assignments is not None else None
+
+    def send_more(self) -> None:
+        while self._outgoing and self.assignments is not None:
+            head = self._outgoing[0]
+            try:
+                written = os.write(self.assignments.fileno(), head)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._outgoing.clear()  # gone: its exit, read from its sentinel, ends its attempts
+                return
+            if written < len(head):
+                self._outgoing[0] = head[written:]
+                return
+            self._outgoing.popleft()
 
     def next_attempt_process(self) -> tuple[int, float | None]:
         return self.pid, self.create_time
