@@ -67,7 +67,10 @@ class Supervisor:
         registry: Registry | None = None,
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
+        start_process: executor_processes.StartProcess = executor_processes.start_process,
     ) -> None:
+        """`start_process`: how executor processes are started; a test gives fakes it scripts,
+        and steps the loop with `tick(now)` (tests/fake_processes.py)."""
         self.settings = settings
         self.clock = clock
         self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
@@ -82,9 +85,9 @@ class Supervisor:
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",
             settle_timeout=settings.cancel_grace, slots=self.queues.total_workers,
-            idle_timeout=settings.idle_process_timeout,
+            idle_timeout=settings.idle_process_timeout, start_process=start_process,
         )
-        self.loops = event_loops.EventLoops(self.context)
+        self.loops = event_loops.EventLoops(self.context, start_process=start_process)
         self.started_at = clock()
         self._handoff = LoopHandoff()
         self._thread: threading.Thread | None = None
