@@ -42,8 +42,10 @@ class IdleProcesses:
         slots: int,
         idle_timeout: float,
         monotonic: Callable[[], float] = time.monotonic,
+        start_process: executor_processes.StartProcess = executor_processes.start_process,
     ) -> None:
         self._context = context
+        self._start_process = start_process  # a test's fake processes (tests/fake_processes.py)
         self._warm_spare = warm_spare
         self._spare_kind = spare_kind  # what most tasks will need
         self._settle_timeout = settle_timeout
@@ -78,7 +80,7 @@ class IdleProcesses:
         if process is None and not self._has_room():
             process = self._make_room(kind)
         if process is None:
-            process = executor_processes.start_process(self._context, kind)
+            process = self._start_process(self._context, kind)
         self._lent.append(process)
         return process
 
@@ -186,7 +188,7 @@ class IdleProcesses:
         if not self._has_room():
             return  # every slot busy and an idle one slow to report: it is the spare
         try:
-            spare = executor_processes.start_process(self._context, self._spare_kind)
+            spare = self._start_process(self._context, self._spare_kind)
         except Exception:
             log.exception("spare_executor_failed")
             return

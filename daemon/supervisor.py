@@ -67,7 +67,10 @@ class Supervisor:
         registry: Registry | None = None,
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
+        start_process: executor_processes.StartProcess = executor_processes.start_process,
     ) -> None:
+        """`start_process`: how executor processes are started; a test gives fakes it scripts,
+        and steps the loop with `tick(now)` (tests/fake_processes.py)."""
         self.settings = settings
         self.clock = clock
         self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
@@ -82,12 +85,12 @@ class Supervisor:
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",
             settle_timeout=settings.cancel_grace, slots=self.queues.total_workers,
-            idle_timeout=settings.idle_process_timeout,
+            idle_timeout=settings.idle_process_timeout, start_process=start_process,
         )
         # Each queue's own event-loop processes, started when an attempt first needs one.
         self.loops = {
             name: event_loops.EventLoops(self.context, queue=name, processes=queue.processes,
-                                         block_limit=queue.loop_block_limit)
+                                         block_limit=queue.loop_block_limit, start_process=start_process)
             for name, queue in self.queues.configs.items()
         }
         self.started_at = clock()

@@ -306,8 +306,10 @@ def one_transcode_waiting_for_another(
 ) -> tuple[Path, executor_processes.ExecutorProcess, executor_processes.ExecutorProcess]:
     """Two transcodes to one output: the first running ffmpeg, the second paused, waiting for it."""
     output = tmp_path / "clip.mp4"
-    payload = {"input": str(clip), "output": str(output), "input_args": ["-re"]}
-    first = launcher.launch("TRANSCODE_MP4", payload)
+    payload = {"input": str(clip), "output": str(output)}
+    # The first reads its input in real time (3 s), so that it is still writing when the second
+    # comes; the second, once it has the output, need not.
+    first = launcher.launch("TRANSCODE_MP4", {**payload, "input_args": ["-re"]})
     launcher.wait_message(first, lambda m: m["type"] == "progress")
     ffmpeg_pid(first.pid)
     second = launcher.launch("TRANSCODE_MP4", payload)

@@ -21,10 +21,13 @@ class EventLoops:
     """Up to `processes` event-loop processes, started when an attempt first needs one. Used by
     the supervisor's loop thread only."""
 
-    def __init__(self, context: ExecutorContext, *, queue: str = "default", processes: int = 1,
-                 block_limit: float = 10.0) -> None:
+    def __init__(
+        self, context: ExecutorContext, *, queue: str = "default", processes: int = 1, block_limit: float = 10.0,
+        start_process: executor_processes.StartProcess = executor_processes.start_process,
+    ) -> None:
         self._context = context
         self.queue = queue
+        self._start_process = start_process  # a test's fake processes (tests/fake_processes.py)
         self.processes = processes
         self.block_limit = block_limit
         self._serving: list[EventLoopProcess] = []  # alive and taking attempts
@@ -38,7 +41,7 @@ class EventLoops:
         else the one holding fewest attempts."""
         self._serving = [p for p in self._serving if self._still_serving(p)]
         if len(self._serving) < self.processes:
-            started = executor_processes.start_process(self._context, "event_loop")
+            started = self._start_process(self._context, "event_loop")
             assert isinstance(started, EventLoopProcess)
             started.block_limit, started.queue = self.block_limit, self.queue
             self._serving.append(started)

@@ -12,6 +12,7 @@ reason, and because a forked child would inherit every other task's pipes.
 from __future__ import annotations
 
 from multiprocessing.context import ForkServerContext
+from typing import Callable
 
 from daemon import processes
 from daemon.engine.executor_processes.base import (
@@ -26,10 +27,13 @@ from executors import channel, endpoint, event_loop
 KINDS: dict[str, type[ExecutorProcess]] = {
     "fresh": LauncherProcess, "reused": ReusedProcess, "event_loop": EventLoopProcess,
 }
+# How the pools start a process of a kind: `start_process`, or a test's fakes.
+StartProcess = Callable[[ExecutorContext, str], ExecutorProcess]
 
 __all__ = [
     "FORKSERVER_PRELOAD", "KINDS", "START_METHODS", "Drained", "EventLoopProcess", "ExecutorContext",
-    "ExecutorProcess", "LauncherProcess", "ReusedProcess", "describe_exit", "make_context", "start_process",
+    "ExecutorProcess", "LauncherProcess", "ReusedProcess", "StartProcess", "describe_exit", "make_context",
+    "start_process",
 ]
 
 

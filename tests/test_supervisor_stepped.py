@@ -1,0 +1,292 @@
+"""The supervisor's timers, stepped: retry backoff, timeouts, cancel escalation, the grace after a
+last result, the shutdown grace, pause and resume, a blocked event loop, each driven by
+`Supervisor.tick(now)` at the `now` the test chooses, with fake executor processes
+(tests/fake_processes.py) whose "executor" the test scripts. No test here waits for anything.
+
+What lives in the processes themselves (signals reaching a tree, forks, executors honouring a
+cancel or a pause) is tested with real ones in tests/test_supervisor.py and tests/test_processes.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+import threading
+
+import pytest
+
+from daemon import models
+from daemon.config import Settings
+from daemon.models import Task, TaskStatus
+from daemon.store import tasks
+from daemon.submission import parse_spec
+from daemon.supervisor import Supervisor
+from tests.conftest import wait_for
+from tests.fake_processes import FakeProcesses
+
+EXECUTORS = {
+    "ECHO": "tests.sample_executors:Echo",
+    "COUNT": "tests.sample_executors:Counter",  # pausable
+    "UNTIL_CANCELLED": "tests.async_executors:UntilCancelled",  # runs in an event-loop process
+}
+T = TypeVar("T")
+
+
+class Stepped:
+    """A supervisor on fake processes, and the clock its ticks read."""
+
+    def __init__(self, tmp_path: Path, **options: Any) -> None:
+        self.now = 0.0
+        self.fakes = FakeProcesses()
+        self.sup = Supervisor(
+            Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+                     executors=EXECUTORS, **options),
+            clock=lambda: self.now, start_process=self.fakes,
+        )
+        self.sup.bind_loop_thread()  # this test's thread is the loop's: requests from others queue
+
+    def request(self, now: float, call: Callable[[], T]) -> T:
+        """Make a request from another thread, as the control socket does, and tick at `now` to
+        take it: it runs in that tick's first transaction, its commands to the processes follow
+        that commit (as in the daemon)."""
+        self.now = now
+        answer: list[Any] = []
+
+        def client() -> None:
+            try:
+                answer.append(call())
+            except BaseException as exc:
+                answer.append(exc)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        wait_for(self.sup._handoff.pending, timeout=5)  # queued for the loop
+        self.sup.tick(now)
+        thread.join(5)
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        return answer[0]
+
+    def at(self, now: float) -> float:
+        """One tick at `now`; how long the loop would then sleep."""
+        self.now = now
+        return self.sup.tick(now)
+
+    def submit(self, task_type: str, **fields: Any) -> str:
+        return self.sup.submit([parse_spec({"type": task_type, **fields})]).tasks[0].id
+
+    def task(self, task_id: str) -> Task:
+        return tasks.get(self.sup.conn, task_id)
+
+    def process(self, task_id: str) -> Any:
+        return self.fakes.running(task_id)
+
+    def close(self) -> None:
+        self.sup.idle.dismiss_all()
+        for loops in self.sup.loops.values():
+            loops.dismiss_all()
+        self.fakes.close_all()
+        self.sup.conn.close()
+
+
+@pytest.fixture
+def stepped(tmp_path: Path) -> Iterator[Callable[..., Stepped]]:
+    made: list[Stepped] = []
+
+    def make(**options: Any) -> Stepped:
+        made.append(Stepped(tmp_path / f"s{len(made)}", **options))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def test_a_retry_waits_its_backoff_doubling_up_to_the_cap(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(backoff_base=1.0, backoff_max=3.0, max_workers=1)
+    task_id = s.submit("ECHO", max_retries=4)
+    s.at(0.0)
+    failed_at, delays = 0.5, []
+    for attempt in range(4):
+        s.process(task_id).result(error="boom", error_type=models.EXCEPTION)
+        s.at(failed_at)
+        row = s.task(task_id)
+        assert row.status is TaskStatus.PENDING and row.retry_count == attempt + 1
+        delays.append(row.not_before - failed_at)
+        # The loop sleeps until the retry is due (nothing else is), and claims it no earlier.
+        assert s.at(failed_at + 0.01) == pytest.approx(row.not_before - (failed_at + 0.01))
+        s.at(row.not_before - 0.001)
+        assert s.task(task_id).status is TaskStatus.PENDING
+        s.at(row.not_before)
+        assert s.task(task_id).status is TaskStatus.RUNNING
+        failed_at = row.not_before + 0.5
+    assert delays == pytest.approx([1.0, 2.0, 3.0, 3.0])
+    s.process(task_id).result(error="boom", error_type=models.EXCEPTION)
+    s.at(failed_at)
+    row = s.task(task_id)
+    assert row.status is TaskStatus.FAILED and row.retry_count == 4
+
+
+def test_a_timeout_counts_running_time_only_not_time_paused(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(cancel_grace=1.0)
+    task_id = s.submit("COUNT", timeout=10)
+    s.at(0.0)
+    fake = s.process(task_id)
+    s.request(2.0, lambda: s.sup.pause(task_id))
+    assert fake.told("pause") and s.task(task_id).is_paused
+    assert s.at(6.0) == pytest.approx(1.0)  # paused: no timeout to wake for (the poll interval)
+    s.request(7.0, lambda: s.sup.resume(task_id))  # paused for 5 s: the timeout falls due at 15, not 10
+    assert s.at(10.0) == pytest.approx(1.0) and not fake.told("cancel")
+    assert s.at(14.5) == pytest.approx(0.5)
+    s.at(14.99)
+    assert not fake.told("cancel")
+    s.at(15.0)
+    assert fake.told("cancel") == [("cancel", s.sup.running[task_id].token, "timeout")]
+    fake.result(error="cancelled", error_type=models.CANCELLED)  # honours it
+    s.at(15.1)
+    row = s.task(task_id)
+    assert row.status is TaskStatus.FAILED and row.error_type == models.TIMEOUT
+
+
+def test_a_cancel_escalates_to_sigterm_then_sigkill_each_a_grace_later(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(cancel_grace=2.0)
+    s.fakes.on_sigterm = "ignore"
+    task_id = s.submit("ECHO")
+    s.at(0.0)
+    fake = s.process(task_id)
+    assert s.request(1.0, lambda: s.sup.cancel(task_id)).stopping == (task_id,)
+    token = s.sup.running[task_id].token
+    assert fake.commands[-1] == ("cancel", token, "cancel")
+    assert s.at(2.5) == pytest.approx(0.5)  # wakes for the SIGTERM
+    s.at(2.99)
+    assert not fake.told("SIGTERM")
+    s.at(3.0)
+    assert fake.commands[-1] == ("SIGTERM", "attempt")  # ignored
+    s.at(4.99)
+    assert not fake.told("SIGKILL")
+    s.at(5.0)
+    assert fake.commands[-1] == ("SIGKILL", "attempt")
+    s.at(5.01)  # the launcher reported its fork killed
+    row = s.task(task_id)
+    assert row.status is TaskStatus.CANCELLED
+    assert [c[0] for c in fake.commands] == ["assign", "cancel", "SIGTERM", "SIGKILL"]
+    assert fake.is_alive()  # the launcher is not in its fork's tree: it takes the next task
+    next_id = s.submit("ECHO")
+    s.at(5.02)
+    assert s.process(next_id) is fake
+
+
+def test_an_attempt_that_stops_at_sigterm_ends_with_no_sigkill(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(cancel_grace=2.0)
+    task_id = s.submit("ECHO")
+    s.at(0.0)
+    fake = s.process(task_id)
+    s.request(0.0, lambda: s.sup.cancel(task_id))
+    s.at(2.0)  # SIGTERM: it dies of it
+    s.at(2.01)
+    assert s.task(task_id).status is TaskStatus.CANCELLED
+    s.at(10.0)
+    assert [c[0] for c in fake.commands] == ["assign", "cancel", "SIGTERM"]
+
+
+def test_a_process_lingering_after_its_last_result_is_killed_after_the_grace(
+    stepped: Callable[..., Stepped]
+) -> None:
+    s = stepped(tasks_per_process=2, max_workers=1, cancel_grace=2.0)
+    first = s.submit("ECHO")
+    s.at(0.0)
+    fake = s.process(first)
+    fake.result({"n": 1})
+    s.at(0.5)  # it takes another: over at its result
+    assert s.task(first).status is TaskStatus.COMPLETED
+    second = s.submit("ECHO")
+    s.at(0.6)
+    assert s.process(second) is fake and fake.sent[-1].last  # its last attempt
+    fake.lingers = True
+    fake.result({"n": 2})
+    s.at(1.0)
+    assert s.task(second).status is TaskStatus.RUNNING  # reported; its exit not yet seen
+    assert s.at(2.5) == pytest.approx(0.5)  # wakes at the grace's end
+    s.at(2.99)
+    assert not fake.told("SIGKILL")
+    s.at(3.0)
+    assert fake.commands[-1] == ("SIGKILL", "attempt")
+    s.at(3.01)
+    row = s.task(second)
+    assert row.status is TaskStatus.COMPLETED and row.result == {"n": 2}  # its result stands
+
+
+def test_at_shutdown_running_tasks_get_the_grace_then_are_put_back(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(shutdown_grace=5.0, cancel_grace=1.0, max_workers=2)
+    quick, slow = s.submit("ECHO"), s.submit("ECHO")
+    s.at(0.0)
+    s.sup.request_stop()
+    waiting = s.submit("ECHO")
+    s.at(1.0)  # the deadline: 6.0
+    s.process(quick).result({"done": True})
+    s.at(2.0)
+    assert s.task(quick).status is TaskStatus.COMPLETED
+    assert s.task(waiting).status is TaskStatus.PENDING  # nothing is claimed once stopping
+    assert not s.process(slow).told("cancel")
+    assert s.at(3.0) == pytest.approx(1.0)  # the poll interval, then the deadline
+    s.at(5.99)
+    assert not s.process(slow).told("cancel")
+    s.at(6.0)
+    assert s.process(slow).told("cancel") == [("cancel", s.sup.running[slow].token, "shutdown")]
+    s.at(7.0)  # ignored past cancel_grace: SIGTERM, which ends it
+    assert s.process(slow).told("SIGTERM")
+    s.at(7.01)
+    row = s.task(slow)
+    assert row.status is TaskStatus.PENDING and row.retry_count == 0  # interrupted: costs no attempt
+    assert not s.sup.running and s.task(waiting).status is TaskStatus.PENDING
+
+
+def test_pause_and_resume_round_trip(stepped: Callable[..., Stepped]) -> None:
+    s = stepped()
+    task_id = s.submit("COUNT")
+    s.at(0.0)
+    fake = s.process(task_id)
+    token = s.sup.running[task_id].token
+    s.request(1.0, lambda: s.sup.pause(task_id))
+    assert fake.commands[-1] == ("pause", token) and s.task(task_id).is_paused
+    s.request(2.0, lambda: s.sup.resume(task_id))
+    assert fake.commands[-1] == ("resume", token) and not s.task(task_id).is_paused
+    fake.send({"type": "pause_request", "reason": "waiting for a disk"})  # its own pause
+    s.at(3.0)
+    assert s.task(task_id).is_paused
+    fake.send({"type": "resume_request"})
+    fake.progress(40, "counting")
+    s.at(4.0)
+    row = s.task(task_id)
+    assert not row.is_paused and row.progress == 40 and row.status_text == "counting"
+    fake.result({"n": 3})
+    s.at(5.0)
+    assert s.task(task_id).status is TaskStatus.COMPLETED
+
+
+def test_an_event_loop_whose_heartbeat_stops_is_killed_and_its_attempts_crash(
+    stepped: Callable[..., Stepped]
+) -> None:
+    s = stepped(max_workers=2)
+    s.sup.loops["default"].block_limit = 3.0
+    first, second = s.submit("UNTIL_CANCELLED"), s.submit("UNTIL_CANCELLED")
+    s.at(0.0)
+    fake = s.process(first)
+    assert s.process(second) is fake and fake.kind == "event_loop"
+    for now in (1.0, 2.0, 4.0, 6.0):
+        fake.heartbeat()
+        s.at(now)
+    assert fake.is_alive() and s.task(first).status is TaskStatus.RUNNING
+    assert s.at(8.0) == pytest.approx(1.0)  # the poll interval; the watch is due at 9.0
+    s.at(9.0)
+    assert fake.is_alive()  # 3 s without a beat: not more than the limit
+    s.at(9.01)
+    assert fake.commands[-1] == ("SIGKILL", "process")
+    s.at(9.02)
+    for task_id in (first, second):
+        row = s.task(task_id)
+        assert row.status is TaskStatus.FAILED and row.error_type == models.CRASHED
+    third = s.submit("UNTIL_CANCELLED")
+    s.at(9.03)
+    assert s.process(third) is not fake  # a new process serves
