@@ -23,15 +23,18 @@ def test_the_example_config_is_exactly_the_defaults() -> None:
         k: v for k, v in vars(defaults).items() if k not in ignored
     }
     assert set(loaded.templates) == {"download_and_transcode"}
-    assert loaded.queues == {"media": queues.QueueConfig("media", 1, ("TRANSCODE_MP4",))}
-    assert list(loaded.all_queues) == ["default", "media"]
+    assert loaded.queues == {
+        "media": queues.QueueConfig("media", 1, ("TRANSCODE_MP4",)),
+        "web": queues.QueueConfig("web", 200, ("HTTP_REQUEST",), processes=2, loop_block_limit=10.0),
+    }
+    assert list(loaded.all_queues) == ["default", "media", "web"]
     assert loaded.all_queues["default"].workers == loaded.max_workers == 4
     assert defaults.all_queues == {"default": queues.QueueConfig("default", 4)}
 
 
 def test_the_example_documents_every_key() -> None:
     text = (REPO / "config.example.toml").read_text()
-    for key in [*config.DAEMON_KEYS, *config.RETRY_KEYS]:
+    for key in [*config.DAEMON_KEYS, *config.RETRY_KEYS, *queues.QUEUE_KEYS]:
         assert f"{key} =" in text, key
 
 
