@@ -42,13 +42,19 @@ def fredica(config: Path, *args: str) -> str:
 def sample_memory(root: psutil.Process, stop: threading.Event, peaks: dict[str, float]) -> None:
     while not stop.is_set():
         rss = uss = 0
-        for proc in [root, *root.children(recursive=True)]:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return  # the daemon has gone
+        for proc in procs:
             try:
-                info = proc.memory_full_info()
+                info, name = proc.memory_full_info(), proc.name()
             except psutil.Error:
                 continue
             rss += info.rss
             uss += info.uss
+            role = "daemon" if proc.pid == root.pid else f"child {proc.pid} ({name})"
+            peaks[role] = max(peaks.get(role, 0), info.rss / 2**20)
         peaks["rss"] = max(peaks.get("rss", 0), rss / 2**20)
         peaks["uss"] = max(peaks.get("uss", 0), uss / 2**20)
         stop.wait(0.1)
@@ -109,7 +115,8 @@ def main() -> None:
         print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}), {args.processes} event-loop processes; "
               f"load average {load[0]:.2f}")
         print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s")
-        print(f"peak memory, daemon + executor processes: RSS {peaks['rss']:.0f} MB, USS {peaks['uss']:.0f} MB")
+        print(f"peak memory, daemon + executor processes: RSS {peaks.pop('rss'):.0f} MB, USS {peaks.pop('uss'):.0f} MB")
+        print("peak RSS of each: " + ", ".join(f"{role} {mb:.0f} MB" for role, mb in sorted(peaks.items()) if mb >= 5))
     except BaseException:
         print(f"kept for a look: {tmp}", file=sys.stderr)
         raise

@@ -5,8 +5,9 @@ process replaced. The in-process Supervisor drives real event-loop processes."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 from daemon import models, queues
@@ -132,3 +133,52 @@ def test_a_queue_spreads_its_attempts_over_its_event_loop_processes(make_supervi
     assert {t.status for t in ended} == {TaskStatus.COMPLETED} and {t.queue for t in ended} == {"web"}
     assert len({t.executor_pid for t in ended}) == 2
     assert [p.block_limit for p in sup.call(lambda: list(sup.loops["web"]))] == [5.0, 5.0]
+
+
+# --- the real daemon ------------------------------------------------------------------------------
+
+ASYNC = {"UNTIL_FILE": "tests.async_executors:UntilFile", "UNTIL_CANCELLED": "tests.async_executors:UntilCancelled"}
+
+
+def test_kill9_of_the_daemon_ends_its_event_loop_process_and_the_restart_logs_every_attempt(
+    daemons: Callable[..., Any], tmp_path: Path
+) -> None:
+    d = daemons(executors=ASYNC, max_workers=8).start()
+    waiting = [d.submit("UNTIL_FILE", payload={"path": str(tmp_path / "never")}) for _ in range(3)]
+    for task_id in waiting:
+        wait_for(lambda task_id=task_id: d.task(task_id)["progress"] == 1)
+    pids = {d.task(task_id)["executor_pid"] for task_id in waiting}
+    assert len(pids) == 1  # the three share one event-loop process
+    loop_pid = pids.pop()
+    d.kill9()
+    wait_for(lambda: not psutil.pid_exists(loop_pid) or psutil.Process(loop_pid).status() == psutil.STATUS_ZOMBIE,
+             timeout=5)
+    d.start()
+    for task_id in waiting:
+        task = d.task(task_id)
+        assert task["status"] == "failed" and task["error_type"] == "INTERRUPTED"
+    assert sorted(e["task_id"] for e in d.data("restarts")) == sorted(waiting)
+    # Recreated, one runs again in a new event-loop process, and completes.
+    entry = d.data("restarts")[0]
+    (tmp_path / "never").touch()
+    run = d.data("show", id=d.data("restarts_recreate", id=entry["id"])["run_id"])["object"]
+    done = d.wait_task(run["tasks"][0]["id"], "completed")
+    assert done["executor_pid"] != loop_pid
+
+
+def test_sigterm_puts_async_attempts_back_and_the_next_start_runs_them(
+    daemons: Callable[..., Any], tmp_path: Path
+) -> None:
+    d = daemons(executors=ASYNC, max_workers=8, shutdown_grace=0.5).start()
+    gate = tmp_path / "gate"
+    task_id = d.submit("UNTIL_FILE", payload={"path": str(gate)})
+    wait_for(lambda: d.task(task_id)["progress"] == 1)
+    assert d.stop() == 0
+    reader = db.open_database(d.database)
+    try:
+        assert tasks.get(reader, task_id).status is TaskStatus.PENDING  # put back, not failed
+    finally:
+        reader.close()
+    gate.touch()
+    d.start()
+    assert d.wait_task(task_id, "completed")["retry_count"] == 0
