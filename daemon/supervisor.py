@@ -90,7 +90,8 @@ class Supervisor:
         # Each queue's own event-loop processes, started when an attempt first needs one.
         self.loops = {
             name: event_loops.EventLoops(self.context, queue=name, processes=queue.processes,
-                                         block_limit=queue.loop_block_limit, start_process=start_process)
+                                         block_limit=queue.loop_block_limit, start_process=start_process,
+                                         idle_timeout=settings.idle_process_timeout)
             for name, queue in self.queues.configs.items()
         }
         self.started_at = clock()

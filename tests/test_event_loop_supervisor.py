@@ -182,3 +182,18 @@ def test_sigterm_puts_async_attempts_back_and_the_next_start_runs_them(
     gate.touch()
     d.start()
     assert d.wait_task(task_id, "completed")["retry_count"] == 0
+
+
+def test_an_idle_event_loop_process_is_not_taken_for_blocked_and_ends_after_the_idle_timeout(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    # Its heartbeats are not read while it holds nothing: that must not look like a blocked loop.
+    sup = make_supervisor(idle_process_timeout=1.5)
+    sup.call(lambda: setattr(sup.loops["default"], "block_limit", 0.3))
+    first = wait_ended(sup, submit(sup, "GATHERING", payload={"expect": 0}))
+    process = loop_processes(sup)[0]
+    assert first.status is TaskStatus.COMPLETED and process.pid == first.executor_pid
+    wait_for(lambda: not loop_processes(sup), timeout=10)  # ended as idle, never as blocked
+    assert not process.blocked and process.exitcode == 0
+    again = wait_ended(sup, submit(sup, "GATHERING", payload={"expect": 0}))
+    assert again.status is TaskStatus.COMPLETED and again.executor_pid != first.executor_pid

@@ -23,10 +23,13 @@ class EventLoops:
 
     def __init__(
         self, context: ExecutorContext, *, queue: str = "default", processes: int = 1, block_limit: float = 10.0,
+        idle_timeout: float = 60.0,
         start_process: executor_processes.StartProcess = executor_processes.start_process,
     ) -> None:
         self._context = context
         self.queue = queue
+        self.idle_timeout = idle_timeout
+        self._idle_since: dict[int, float] = {}  # pid -> the first tick's `now` that saw it hold nothing
         self._start_process = start_process  # a test's fake processes (tests/fake_processes.py)
         self.processes = processes
         self.block_limit = block_limit
@@ -57,21 +60,33 @@ class EventLoops:
             self._close(process)
 
     def watch(self, now: float) -> list[float]:
-        """End the processes whose loop is blocked; when to look again."""
+        """End the processes whose loop is blocked; when to look again. One that holds nothing
+        is not watched: the loop reads its channel only while it has attempts there, and its
+        heartbeats are counted again from when it next gets one."""
         due = []
         for process in self._serving:
+            if process.holding <= 0:
+                process.alive_at = None
+                continue
             at = process.watch(now)
             if at is not None:
                 due.append(at)
         return due
 
     def tick(self, now: float) -> None:
-        """Move the processes that died or were found blocked out of service."""
+        """Move the processes that died or were found blocked out of service, and end those that
+        have held nothing for longer than `idle_timeout` (one is started again when needed)."""
         for process in list(self._serving):
             if not self._still_serving(process):
                 self._serving.remove(process)
                 if process.holding <= 0:
                     self._close(process)
+            elif process.holding > 0:
+                self._idle_since.pop(process.pid, None)
+            elif now - self._idle_since.setdefault(process.pid, now) > self.idle_timeout:
+                self._serving.remove(process)
+                self._idle_since.pop(process.pid, None)
+                self._close(process, reason="idle_timeout")
 
     def dismiss_all(self) -> None:
         """End every process (each exits once the attempts it holds have reported: at shutdown,
@@ -87,10 +102,11 @@ class EventLoops:
             return False
         return True
 
-    def _close(self, process: EventLoopProcess) -> None:
+    def _close(self, process: EventLoopProcess, reason: str = "ended") -> None:
         if process in self._ending:
             self._ending.remove(process)
-        log.info("event_loop_process_ended", pid=process.pid, exit=executor_processes.describe_exit(process.exitcode))
+        log.info("event_loop_process_ended", pid=process.pid, reason=reason,
+                 exit=executor_processes.describe_exit(process.exitcode))
         if process.is_alive():
             process.dismiss()
         else:
