@@ -12,11 +12,17 @@ first or between requests, is closed. Only a whole request goes to the threads t
 handlers (`operations.Handlers`); its reply comes back to be written, and then the connection
 reads the next request. Every frame gets a reply or a closed connection, never silence; after a
 frame that breaks the framing (too large, cut short) the reply is the connection's last.
+
+A small write request (`protocol.Operation.writes`) skips the handler threads once the loop runs:
+the I/O thread parses it and hands its handler straight to the supervisor's loop thread
+(`writes_to_loop`), and writes the reply when the loop's commit answers it. The loop alone writes
+the database, so a handler thread would only wait there; reads, which do not need the loop, and
+large requests (whose parsing must not hold the loop) still go to the handler threads.
 """
 
 from __future__ import annotations
 
-import collections
+import concurrent.futures
 import heapq
 import itertools
 import os
@@ -36,6 +42,7 @@ import structlog
 
 from daemon import config, errors, handoff, paths, protocol
 from daemon.errors import FredicaError
+from daemon.handler_threads import HandlerThreads  # noqa: F401 (part of this module's API)
 
 log = structlog.get_logger("fredica.control")
 HANDLER_THREADS = 64  # requests handled at once; more wait for a thread, already read whole
@@ -44,6 +51,12 @@ ACCEPT_BACKOFF = 0.1  # seconds to stop accepting after accept() failed (EMFILE:
 CLOSE_GRACE = 1.0  # seconds a closing server still lets the replies being prepared go out
 READ_SIZE = protocol.READ_SIZE
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
+# Write requests up to this size are handed straight to the loop; larger ones (a big batch, whose
+# parsing must not hold the loop) go through a handler thread.
+DIRECT_MAX = 64 * 1024
+# What hands a write's handler to the loop: (handler, still_waiting) -> its future, answered once
+# committed, or None while no loop runs (`Supervisor.hand_over`).
+HandOver = Callable[[Callable[[], Any], Callable[[], bool]], "concurrent.futures.Future[Any] | None"]
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -86,53 +99,6 @@ def _connection_cap() -> int:
     return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_CONNECTIONS, soft // 2))
 
 
-class HandlerThreads:
-    """Up to `size` threads that run the handlers, started as requests need them, then kept."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.started = 0
-        self._idle = 0
-        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
-        self._changed = threading.Condition()
-        self._stopping = False
-
-    def submit(self, job: Callable[[], None]) -> bool:
-        """Queue `job`; False if no thread will ever run it (not one could be started)."""
-        with self._changed:
-            if self._idle <= len(self._jobs) and self.started < self.size:  # no idle thread is left for it
-                try:
-                    threading.Thread(target=self._work, name="fredica-request", daemon=True).start()
-                    self.started += 1
-                except RuntimeError:  # no thread to be had now; the ones there are will do
-                    if self.started == 0:
-                        return False
-            self._jobs.append(job)
-            self._changed.notify()
-        return True
-
-    def stop(self) -> None:
-        """Let the threads end once the queued jobs are done."""
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
-
-    def _work(self) -> None:
-        while True:
-            with self._changed:
-                self._idle += 1
-                while not self._jobs and not self._stopping:
-                    self._changed.wait()
-                self._idle -= 1
-                if not self._jobs:
-                    return
-                job = self._jobs.popleft()
-            try:
-                job()
-            except Exception:  # jobs report their own failures; this keeps the thread alive
-                log.exception("request_thread_failed")
-
-
 class Connection:
     """One client, from accept to the end of its reply: reading (with a deadline), handled (on a
     handler thread, no deadline: the handler's own bounds apply), then writing its reply."""
@@ -144,6 +110,9 @@ class Connection:
         self.deadline: float | None = None
         self.reply: memoryview | None = None
         self.last_reply = False  # closed once this reply is written: the framing is lost
+        # A write handed to the loop (`writes_to_loop`), until its answer is taken; `op` is its name.
+        self.pending: concurrent.futures.Future[Any] | None = None
+        self.op = ""
         self.events = 0  # what the selector watches it for
         self.closed = False
 
@@ -165,7 +134,11 @@ class ControlServer:
         self._closing = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._replies: queue.SimpleQueue[tuple[Connection, bytes | None]] = queue.SimpleQueue()
+        # Replies to write (None: close), or the answered futures of writes handed to the loop.
+        self._replies: queue.SimpleQueue[tuple[Connection, bytes | concurrent.futures.Future[Any] | None]] = (
+            queue.SimpleQueue())
+        self._hand_over: HandOver | None = None
+        self.call_timeout = 0.0
         self._deadlines: list[tuple[float, int, Connection]] = []  # a heap; stale entries are skipped
         self._order = itertools.count()  # ties in the heap, never compared further
         self._accepting = False
@@ -200,6 +173,13 @@ class ControlServer:
         sock.listen(socket.SOMAXCONN)
         sock.setblocking(False)
         self._sock = sock
+
+    def writes_to_loop(self, hand_over: HandOver, call_timeout: float) -> None:
+        """From now on, hand small write requests to the loop from the I/O thread (see the module's
+        docstring). One the loop has not taken within `call_timeout` seconds is withdrawn and
+        refused (LoopBusy), as `Supervisor.call` does: nothing of it was done."""
+        self._hand_over = hand_over
+        self.call_timeout = call_timeout
 
     def serve(self) -> None:
         """Start answering in a background thread."""
@@ -237,7 +217,8 @@ class ControlServer:
                     if self._sock is not None:  # new clients are refused now, not left in the backlog
                         self._sock.close()
                         self._sock = None
-                    for conn in [c for c in self.connections if c.deadline is not None and c.reply is None]:
+                    for conn in [c for c in self.connections
+                                 if c.deadline is not None and c.reply is None and c.pending is None]:
                         self._drop(conn)  # still reading: nothing of theirs has been acted on
                 if grace_ends is not None and (not self.connections or time.monotonic() >= grace_ends):
                     return
@@ -384,9 +365,35 @@ class ControlServer:
             conn.last_reply = True
             self._send(conn, protocol.error(errors.PermissionDenied.kind,
                                             f"user {conn.uid} may not control this daemon"))
-        elif not self.request_threads.submit(lambda: self._answer(conn, body)):
+        elif self._hand_over is not None and len(body) <= DIRECT_MAX:
+            self._handle_small(conn, body)
+        elif not self.request_threads.submit(lambda: self._answer(conn, lambda: self._reply_for(conn, body))):
             log.warning("client_dropped", reason="cannot start a thread")
             self._send(conn, protocol.error(errors.Busy.kind, "the daemon cannot start a thread to answer: try again"))
+
+    def _handle_small(self, conn: Connection, body: bytes) -> None:
+        """Parsed here; a write to the loop (answered by `_take_replies`), a read to a handler thread."""
+        try:
+            op, args = self._parse(body)
+        except protocol.ProtocolError as exc:
+            self._send(conn, protocol.error(exc.kind, exc.message))
+            return
+        assert self._hand_over is not None
+        if protocol.OPERATIONS[op].writes:
+            future = self._hand_over(lambda: self.handle(op, args), lambda: _still_connected(conn.sock))
+            if future is not None:
+                conn.pending, conn.op = future, op
+                self._set_deadline(conn, time.monotonic() + self.call_timeout)
+                future.add_done_callback(lambda done: self._reply_later(conn, done))
+                return
+        if not self.request_threads.submit(lambda: self._answer(conn, lambda: self._handled(conn, op, args))):
+            log.warning("client_dropped", reason="cannot start a thread")
+            self._send(conn, protocol.error(errors.Busy.kind, "the daemon cannot start a thread to answer: try again"))
+
+    def _reply_later(self, conn: Connection, answered: concurrent.futures.Future[Any]) -> None:
+        """A handed-over write is answered (on the loop thread, after its commit): to the I/O thread."""
+        self._replies.put((conn, answered))
+        self._wake()
 
     def _refuse(self, conn: Connection, exc: protocol.ProtocolError) -> None:
         """A frame that breaks the framing: where the next one would start is unknown, so the
@@ -396,7 +403,15 @@ class ControlServer:
         self._send(conn, protocol.error(exc.kind, exc.message))
 
     def _expire(self, conn: Connection) -> None:
-        if conn.reply is not None:
+        if conn.pending is not None:
+            if conn.pending.cancel():  # not taken by the loop: withdrawn, so refused honestly
+                conn.pending = None
+                self._send(conn, protocol.error(errors.LoopBusy.kind, (
+                    f"the daemon did not take the request within {self.call_timeout:g} s (it is busy): "
+                    "nothing was done")))
+            else:  # running: its answer comes with the commit of the tick it runs in
+                self._set_deadline(conn, None)
+        elif conn.reply is not None:
             self._drop(conn)  # it does not read its reply
         elif conn.frame.received:
             timeout = f"{self.request_timeout:g}"
@@ -454,6 +469,8 @@ class ControlServer:
         if conn.closed:
             return
         conn.closed = True
+        if conn.pending is not None:
+            conn.pending.cancel()  # nobody would hear its answer: not run, if not begun
         self._watch(conn, 0)
         conn.sock.close()
         self.connections.discard(conn)
@@ -479,6 +496,11 @@ class ControlServer:
                 return
             if conn.closed:
                 continue
+            if isinstance(data, concurrent.futures.Future):
+                if data is not conn.pending:
+                    continue  # withdrawn and refused already
+                conn.pending = None
+                data = self._encoded(self._outcome(conn.op, lambda: data.result(0)))
             if data is None:
                 self._drop(conn)
             else:
@@ -486,31 +508,52 @@ class ControlServer:
 
     # --- the handler threads --------------------------------------------------------------------
 
-    def _answer(self, conn: Connection, body: bytes) -> None:
+    def _answer(self, conn: Connection, reply_for: Callable[[], dict[str, Any]]) -> None:
         """Run one whole request and hand its encoded reply to the I/O thread (None: close)."""
         data = None
         try:
-            reply = self._reply_for(conn, body)
-            try:
-                data = protocol.encode(reply, protocol.MAX_REPLY)
-            except protocol.ProtocolError as exc:
-                data = protocol.encode(protocol.error(exc.kind, f"the reply cannot be sent: {exc.message}"),
-                                       protocol.MAX_REPLY)
+            data = self._encoded(reply_for())
         except Exception:  # a bug of ours: into the daemon's log, never its stderr
             log.exception("client_failed")
         finally:
             self._replies.put((conn, data))
             self._wake()
 
-    def _reply_for(self, conn: Connection, body: bytes) -> dict[str, Any]:
+    @staticmethod
+    def _encoded(reply: dict[str, Any]) -> bytes:
         try:
-            op, args = protocol.parse_request(protocol.decode(body))
+            return protocol.encode(reply, protocol.MAX_REPLY)
+        except protocol.ProtocolError as exc:
+            return protocol.encode(protocol.error(exc.kind, f"the reply cannot be sent: {exc.message}"),
+                                   protocol.MAX_REPLY)
+
+    @staticmethod
+    def _parse(body: bytes) -> tuple[str, dict[str, Any]]:
+        try:
+            return protocol.parse_request(protocol.decode(body))
         except protocol.ProtocolError as exc:
             log.warning("bad_request", error=exc.message)
-            return protocol.error(exc.kind, exc.message)
+            raise
+
+    def _reply_for(self, conn: Connection, body: bytes) -> dict[str, Any]:
         try:
+            op, args = self._parse(body)
+        except protocol.ProtocolError as exc:
+            return protocol.error(exc.kind, exc.message)
+        return self._handled(conn, op, args)
+
+    def _handled(self, conn: Connection, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        def handled() -> Any:
             with handoff.on_behalf_of(lambda: _still_connected(conn.sock)):
-                return protocol.ok(self.handle(op, args))
+                return self.handle(op, args)
+
+        return self._outcome(op, handled)
+
+    @staticmethod
+    def _outcome(op: str, handled: Callable[[], Any]) -> dict[str, Any]:
+        """The reply for what `handled()` returns or raises (any thread)."""
+        try:
+            return protocol.ok(handled())
         except FredicaError as exc:
             return protocol.error(exc.kind, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving

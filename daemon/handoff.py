@@ -29,9 +29,6 @@ T = TypeVar("T")
 Answer = tuple["concurrent.futures.Future[Any]", bool, Any]  # the future, whether fn returned, what
 
 
-
-
-
 # Whether the one a request is made for still waits for its answer (a control-socket client that
 # has not hung up), for the calls made in this context.
 _still_waiting: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
@@ -82,9 +79,7 @@ class LoopHandoff:
             raise ShuttingDown("the daemon is shutting down")
         if self.loop_ident is None or threading.get_ident() == self.loop_ident:
             return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._calls.put((fn, future, _still_waiting.get()))
-        self.wake()
+        future = self.submit(fn, _still_waiting.get())
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -96,6 +91,22 @@ class LoopHandoff:
                     f"the daemon did not take the request within {timeout:g} s (it is busy): nothing was done"
                 ) from None
             return future.result()
+
+    def submit(self, fn: Callable[[], T], still_waiting: Callable[[], bool] | None) -> concurrent.futures.Future[T]:
+        """Queue `fn` for the loop without waiting: its future is answered once the transaction
+        it ran in is committed (or refused, never run, if `still_waiting()` is False by then).
+        For a caller that must not block: the control socket's I/O thread, whose request the
+        future's callback answers. A future refused at once once the loop has ended."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self.finished.is_set():
+            future.set_running_or_notify_cancel()
+            future.set_exception(ShuttingDown("the daemon is shutting down"))
+            return future
+        self._calls.put((fn, future, still_waiting))
+        self.wake()
+        if self.finished.is_set():  # ended meanwhile: it may never look at the queue again
+            self.refuse_pending(ShuttingDown("the daemon is shutting down"))
+        return future
 
     def end(self) -> None:
         """The loop has ended: refuse calls from now on, and wake whoever waits for a commit."""

@@ -142,7 +142,7 @@ def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
     from daemon import control, operations, recovery
     from daemon.notify import Notifier
-    from daemon.supervisor import Supervisor
+    from daemon.supervisor import CALL_TIMEOUT, Supervisor
 
     _children_skip_the_cli()
     server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args),
@@ -171,6 +171,7 @@ def _serve(settings: config.Settings) -> int:
         # Clients that connected during recovery are answered from now on: their requests must
         # wait for the loop below, never run on their own threads while it starts.
         supervisor.bind_loop_thread()
+        server.writes_to_loop(supervisor.hand_over, CALL_TIMEOUT)
         server.serve()
         notifier.ready(
             f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "

@@ -14,6 +14,7 @@ hand the work to the loop (`daemon.handoff`) and wait for its answer.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -133,6 +134,20 @@ class Supervisor:
         if fault is not None:
             raise fault.refusal()
         return self._handoff.call(fn, timeout)
+
+    def hand_over(self, fn: Callable[[], T], still_waiting: Callable[[], bool]) -> concurrent.futures.Future[T] | None:
+        """`call` without waiting, for the control socket's I/O thread: the future is answered once
+        `fn`'s transaction is committed. None before the loop runs (the caller then uses `call`
+        from a thread that may wait); a future refused at once while the database cannot be written."""
+        fault = self.fault
+        if fault is not None:
+            refused: concurrent.futures.Future[T] = concurrent.futures.Future()
+            refused.set_running_or_notify_cancel()
+            refused.set_exception(fault.refusal())
+            return refused
+        if self._handoff.loop_ident is None:
+            return None
+        return self._handoff.submit(fn, still_waiting)
 
     def commits(self) -> int:
         """How many transactions the loop has committed: see `wait_for_commit`."""

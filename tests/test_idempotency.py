@@ -114,6 +114,9 @@ def test_batch_line_duplicating_an_active_task_resolves_to_it(conn: sqlite3.Conn
     }
     run = runs.get(conn, sub.run_id)
     assert run.total_tasks == 3
+    # Counted at insertion as if all four made a task, then corrected: what the rows say.
+    assert run.counts == runs.counts_from_tasks(conn, sub.run_id) == models.RunCounts(pending=3)
+    assert run.status is models.RunStatus.PENDING
     assert tasks.get(conn, existing).workflow_run_id != sub.run_id
 
     # The dependents wait for the existing task, and follow it when it completes.

@@ -231,8 +231,10 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
 ) -> None:
     d = _make(daemons).start()
     first, first_ready, first_gate = _gated(d, tmp_path, "first")
-    second, second_ready, second_gate = _gated(d, tmp_path, "second", priority=5)
+    # Running before the second is submitted: a tick that saw both would claim the second first
+    # (higher priority), and submissions are answered fast enough for one to see both.
     wait_for(first_ready.exists)
+    second, second_ready, second_gate = _gated(d, tmp_path, "second", priority=5)
     # The slow queue is full; default's tasks run all the same, and slow's second one waits.
     echoes = [d.submit("ECHO") for _ in range(4)]
     for echo in echoes:

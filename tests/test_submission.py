@@ -287,3 +287,22 @@ def test_same_dependency_by_key_and_by_id_is_one_dependency(conn: sqlite3.Connec
     claimed = tasks.claim_next(conn, T0)
     assert claimed is not None and claimed.id == b.id
     assert tasks.get(conn, b.id).depends_on == (a.id,)
+
+
+def test_one_task_submission_is_one_statement_per_row_it_writes(conn: sqlite3.Connection) -> None:
+    """The run is inserted with its counters and status already right (all its tasks pending), so
+    nothing reads it back or updates it: the run, the task and its one dependency edge."""
+    upstream = submit(conn, [{"type": "PROBE"}]).tasks[0].id
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        sub = submit(conn, [{"type": "TRANSCODE", "depends_on": [upstream]}], now=T0 + 1)
+    finally:
+        conn.set_trace_callback(None)
+
+    writes = [" ".join(s.split()[:3]) for s in statements if s.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+    assert writes == ["INSERT INTO workflow_run", "INSERT INTO task", "INSERT OR IGNORE"]
+    assert not any(s.startswith("SELECT * FROM workflow_run") for s in statements)
+    run = runs.get(conn, sub.run_id)
+    assert (run.status, run.total_tasks, run.counts.pending) == (RunStatus.PENDING, 1, 1)
+    assert run.counts == runs.counts_from_tasks(conn, sub.run_id)

@@ -36,8 +36,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 class FredicaDaemon:
     """One benchmark system: the daemon with `tasks_per_process`, behind `Client`."""
 
-    def __init__(self, tasks_per_process: int = 1) -> None:
+    def __init__(self, tasks_per_process: int = 1, *, event_loop: bool = False, workers: int = 2) -> None:
         self.tasks_per_process = tasks_per_process
+        # The event-loop row: NOOP and STAMP as `async def` executors (fredica_tasks.AsyncNoop,
+        # AsyncStamp), which run in event-loop processes holding `workers` attempts at once.
+        self.event_loop = event_loop
+        self.workers = workers
 
     @contextlib.contextmanager
     def instance(self) -> Iterator[FredicaDaemon]:
@@ -48,12 +52,13 @@ class FredicaDaemon:
             config = root / "config.toml"
             settings = {
                 "database": str(root / "fredica.db"), "socket": str(root / "control.sock"),
-                "log_dir": str(root / "logs"), "max_workers": 2, "tasks_per_process": self.tasks_per_process,
+                "log_dir": str(root / "logs"), "max_workers": self.workers, "tasks_per_process": self.tasks_per_process,
             }
             config.write_text(
                 "[daemon]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
-                + "\n[executors]\nNOOP = \"benchmarks.noop:Noop\"\n"
-                + "STAMP = \"benchmarks.peers.fredica_tasks:Stamp\"\nGATE = \"benchmarks.peers.fredica_tasks:Gate\"\n"
+                + "\n[executors]\n" + "".join(f"{name} = {json.dumps(path)}\n" for name, path in self._executors().items())
+                # The issue's event-loop row: 2 event-loop processes, any number of attempts each.
+                + ("\n[queues.default]\nprocesses = 2\n" if self.event_loop else "")
             )
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             env.pop("FREDICA_CONFIG", None)
@@ -77,6 +82,12 @@ class FredicaDaemon:
                 except subprocess.TimeoutExpired:
                     self.process.kill()
                     self.process.wait(10)
+
+    def _executors(self) -> dict[str, str]:
+        tasks = "benchmarks.peers.fredica_tasks"
+        if self.event_loop:
+            return {"NOOP": f"{tasks}:AsyncNoop", "STAMP": f"{tasks}:AsyncStamp", "GATE": f"{tasks}:Gate"}
+        return {"NOOP": "benchmarks.noop:Noop", "STAMP": f"{tasks}:Stamp", "GATE": f"{tasks}:Gate"}
 
     def _wait_ready(self, root: Path) -> None:
         from daemon.errors import DaemonUnreachable

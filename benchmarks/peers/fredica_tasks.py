@@ -8,7 +8,7 @@ just before submitting. (benchmarks/noop.py's `Noop` is used for W1 and W3.)
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from executors.base import ExecuteResult, TaskContext, TaskExecutor
 
@@ -39,3 +39,23 @@ class Gate(TaskExecutor):
             if ctx.wait_cancelled(0.05):
                 break
         return ExecuteResult(result={})
+
+
+class AsyncNoop(TaskExecutor):
+    """The event-loop row's no-op (W1, W3): an `async def` executor, so it runs in an event-loop
+    executor process that holds many attempts at once (SPEC §15)."""
+
+    task_type = "NOOP"
+
+    async def execute(self, task: Task, ctx: Any) -> ExecuteResult:  # type: ignore[override]
+        return ExecuteResult()
+
+
+class AsyncStamp(TaskExecutor):
+    """`Stamp` as an `async def` executor, for the event-loop row's W2."""
+
+    task_type = "STAMP"
+
+    async def execute(self, task: Task, ctx: Any) -> ExecuteResult:  # type: ignore[override]
+        started = time.time()
+        return ExecuteResult(result={"started": started})

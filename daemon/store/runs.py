@@ -32,18 +32,23 @@ NON_TERMINAL_RUN_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 Shift = tuple[str, TaskStatus, TaskStatus]
 
 
-def create(conn: sqlite3.Connection, *, template: str, material_id: str | None, now: float) -> str:
-    """Insert an empty run; its tasks are added with `add_tasks`."""
+def create(conn: sqlite3.Connection, *, template: str, material_id: str | None, now: float, tasks: int = 0) -> str:
+    """Insert a run counting `tasks` pending tasks (inserted next, in the same transaction): a run
+    whose tasks are all pending is `pending` (SPEC §4), so nothing is left to derive. Tasks counted
+    here that were never inserted are taken back with `add_tasks` (negative), an empty run with
+    `delete_empty`."""
     run_id = str(uuid.uuid4())
     conn.execute(
-        "INSERT INTO workflow_run (id, material_id, template, status, created_at) VALUES (?, ?, ?, ?, ?)",
-        (run_id, material_id, template, RunStatus.PENDING.value, now),
+        "INSERT INTO workflow_run (id, material_id, template, status, created_at, total_tasks, pending_tasks)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (run_id, material_id, template, RunStatus.PENDING.value, now, tasks, tasks),
     )
     return run_id
 
 
 def add_tasks(conn: sqlite3.Connection, run_id: str, count: int, now: float) -> None:
-    """Count `count` freshly inserted pending tasks into the run."""
+    """Count `count` freshly inserted pending tasks into the run (negative: take back tasks counted
+    by `create` that were not inserted)."""
     conn.execute(
         "UPDATE workflow_run SET total_tasks = total_tasks + ?, pending_tasks = pending_tasks + ? WHERE id = ?",
         (count, count, run_id),
@@ -53,7 +58,10 @@ def add_tasks(conn: sqlite3.Connection, run_id: str, count: int, now: float) -> 
 
 def delete_empty(conn: sqlite3.Connection, run_id: str) -> None:
     """Drop a run that received no task (every task of its submission was a duplicate)."""
-    conn.execute("DELETE FROM workflow_run WHERE id = ? AND total_tasks = 0", (run_id,))
+    conn.execute(
+        "DELETE FROM workflow_run WHERE id = ? AND NOT EXISTS (SELECT 1 FROM task WHERE workflow_run_id = ?)",
+        (run_id, run_id),
+    )
 
 
 def find(conn: sqlite3.Connection, run_id: str) -> WorkflowRun | None:

@@ -25,6 +25,18 @@ ACTIVE_SQL = "'pending', 'claimed', 'running'"
 # rather than refused, so what a script sees never depends on how fast its upstream failed.
 DEAD = (TaskStatus.FAILED, TaskStatus.CANCELLED)
 DEFAULT_QUEUE = "default"
+# One text each, built once: SQLite's statement cache is keyed by the text, so every submission
+# reuses the prepared statement.
+INSERT_TASK = f"""
+    INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
+        payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, queue,
+        queue_explicit, created_at)
+    VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
+    RETURNING seq
+"""
+INSERT_DEPENDENCY = "INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq) VALUES (?, ?)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +85,9 @@ def insert_run(
     resolved = resolve_batch(specs)
     with write(conn):
         external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
-        run_id = runs.create(conn, template=template, material_id=material_id, now=now)
+        # Counted as if every spec made a task (the common case: no statement to count them after);
+        # corrected below when some resolved to active tasks instead.
+        run_id = runs.create(conn, template=template, material_id=material_id, now=now, tasks=len(specs))
         outcomes: list[SubmittedTask] = []
         doomed: list[tuple[str, str]] = []
         # (seq, status) of each spec's task, for dependencies inside the batch.
@@ -107,10 +121,10 @@ def insert_run(
                     # the cascade of that transition.
                     doomed.append((inserted[1], dead))
         created = sum(o.created for o in outcomes)
-        if created:
-            runs.add_tasks(conn, run_id, created, now)
-        else:
+        if not created:
             runs.delete_empty(conn, run_id)
+        elif created < len(specs):
+            runs.add_tasks(conn, run_id, created - len(specs), now)
     return StoredRun(Submission(run_id if created else None, tuple(outcomes)), tuple(doomed))
 
 
@@ -143,15 +157,7 @@ def _insert(
     unmet = sum(status is not TaskStatus.COMPLETED for _, status in upstream)
     try:
         row = conn.execute(
-            f"""
-            INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
-                payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, queue,
-                queue_explicit, created_at)
-            VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (idempotency_key)
-                WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
-            RETURNING seq
-            """,
+            INSERT_TASK,
             (
                 task_id,
                 spec.type,
@@ -175,10 +181,10 @@ def _insert(
     if row is None:
         return None
     seq = row[0]
-    conn.executemany(
-        "INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq) VALUES (?, ?)",
-        [(up_seq, seq) for up_seq, _ in upstream],
-    )
+    if len(upstream) == 1:  # the common case, without executemany's own statement setup
+        conn.execute(INSERT_DEPENDENCY, (upstream[0][0], seq))
+    elif upstream:
+        conn.executemany(INSERT_DEPENDENCY, [(up_seq, seq) for up_seq, _ in upstream])
     return seq, task_id
 
 
