@@ -8,6 +8,8 @@ import os
 import select
 from typing import Any, Sequence
 
+from executors import framing
+
 
 def send_within(fd: int, data: bytes, stall: float) -> None:
     """Write `data` on the non-blocking `fd`, framed as `Connection.send_bytes` frames it; OSError
@@ -18,10 +20,7 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
     caller ends that process instead.
     """
     size = len(data)
-    if size > 0x7FFFFFFF:
-        header = (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
-    else:
-        header = size.to_bytes(4, "big")
+    header = framing.header(size, long_sizes=True)
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     # One write for a usual task; a big one is not copied just to prepend its header.

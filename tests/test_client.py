@@ -380,7 +380,7 @@ def test_a_frame_reader_keeps_what_came_after_a_frame() -> None:
     assert frames.feed(two[:3]) is None
     assert protocol.decode(frames.feed(two[3:]))["op"] == "status"  # type: ignore[arg-type]
     assert protocol.decode(frames.feed())["args"] == {"id": "x"}  # type: ignore[arg-type]
-    assert frames.feed() is None and not frames.received
+    assert frames.feed() is None and not frames.buffered
 
 
 def test_the_daemon_answers_requests_sent_back_to_back_on_one_connection(daemon: Daemon) -> None:
