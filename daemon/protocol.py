@@ -216,17 +216,6 @@ def encode(message: Mapping[str, Any], limit: int) -> bytes:
         raise FrameTooLarge(str(exc)) from None
 
 
-def frame_size(header: bytes, limit: int) -> int:
-    """The body size a frame's header announces; FrameTooLarge over `limit`."""
-    try:
-        found = framing.body_size(header, limit)
-    except framing.Oversized as exc:
-        raise FrameTooLarge(str(exc)) from None
-    if found is None:
-        raise ProtocolError(f"a header of {len(header)} bytes, not {HEADER}")
-    return found[1]
-
-
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -277,10 +266,6 @@ def read_frame(sock: socket.socket, limit: int, frames: FrameReader | None = Non
             raise ConnectionClosed(f"connection closed with {frames.missing()}")
         body = frames.feed(chunk)
     return decode(body)
-
-
-def write_frame(sock: socket.socket, message: Mapping[str, Any], limit: int) -> None:
-    sock.sendall(encode(message, limit))
 
 
 def request(op: str, **args: Any) -> dict[str, Any]:

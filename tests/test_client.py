@@ -226,7 +226,7 @@ class OneShotServer:
                         self.received.append(op)
                         if op != "status":
                             break  # hang up: the reply is lost
-                        protocol.write_frame(conn, protocol.ok({"pid": 1}), protocol.MAX_REPLY)
+                        conn.sendall(protocol.encode(protocol.ok({"pid": 1}), protocol.MAX_REPLY))
         except OSError:
             return
 

@@ -300,12 +300,6 @@ def submit(
 # --- the transitions the supervisor makes -------------------------------------------------------
 
 
-def claim_next(conn: sqlite3.Connection, now: float, queue: str = "default") -> Task | None:
-    """Claim the ready task of `queue` that comes first (priority, then submission order), or None."""
-    claimed = claim_ready(conn, now, 1, queue=queue)
-    return claimed[0] if claimed else None
-
-
 def claim_ready(
     conn: sqlite3.Connection, now: float, limit: int, *, queue: str = "default", promote_delayed: bool = True
 ) -> list[Task]:
