@@ -230,7 +230,7 @@ def spawn_floor(start_method: str, n: int = 50) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="fredica-bench-") as tmp:
         conn = db.open_database(Path(tmp) / "fredica.db")
         tasks.submit(conn, noop_specs(n), now=time.time())
-        claimed = [tasks.claim_next(conn, time.time()) for _ in range(n)]
+        claimed = [tasks.claim_ready(conn, time.time(), 1)[0] for _ in range(n)]
         conn.close()
         for task in claimed:
             assert task is not None
@@ -266,7 +266,7 @@ def spawn_floor(start_method: str, n: int = 50) -> dict[str, list[float]]:
 # (label, file suffix, function name, "ct" cumulative or "tt" own time), in the loop thread.
 PROFILE_ROWS = [
     ("loop busy: `Supervisor.tick`", "daemon/supervisor.py", "tick", "ct"),
-    ("· `tasks.claim_next` (pending → claimed)", "daemon/store/tasks.py", "claim_next", "ct"),
+    ("· `tasks.claim_ready` (pending → claimed)", "daemon/store/tasks.py", "claim_ready", "ct"),
     ("· `_dispatch` (claimed → running)", "daemon/supervisor.py", "_dispatch", "ct"),
     ("· · ExecutorProcess.assign", "daemon/engine/executor_processes/base.py", "assign", "ct"),
     ("· · · `Process.start` (forkserver/spawn round trip)", "multiprocessing/process.py", "start", "ct"),
@@ -349,7 +349,7 @@ def backlog_cost(start_method: str, backlog: int, measured: int = 1000) -> dict[
         "tick": total("daemon/supervisor.py", "tick", 3) / measured * 1000,
         "next_ready_at": total("daemon/store/tasks.py", "next_ready_at", 3) / measured * 1000,
         "calls": total("daemon/store/tasks.py", "next_ready_at", 1) / measured,
-        "claim_next": total("daemon/store/tasks.py", "claim_next", 3) / measured * 1000,
+        "claim_next": total("daemon/store/tasks.py", "claim_ready", 3) / measured * 1000,
     }
 
 
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             f"| ready backlog ({method}) | tasks/s (profiled) | tick ms/task "
-            "| next_ready_at ms/task (calls/task) | claim_next ms/task |"
+            "| next_ready_at ms/task (calls/task) | claim_ready ms/task |"
         )
         print("|---|---|---|---|---|")
         for size in (int(x) for x in args.backlog.split(",")):

@@ -4,7 +4,7 @@
     python3 benchmarks/claim.py                  # 100, 10,000 and 100,000 waiting tasks
     python3 benchmarks/claim.py --cycles 500 --sizes 100,10000
 
-What it measures: `tasks.claim_next` + `tasks.start` + `tasks.complete` of one ready task (each its
+What it measures: `tasks.claim_ready` + `tasks.start` + `tasks.complete` of one ready task (each its
 own transaction, exactly as the supervisor calls them), N = --cycles times in a row, at the default
 durability (`db.open_database` defaults: WAL, synchronous=NORMAL) on a file in a temp directory.
 
@@ -26,7 +26,7 @@ Shapes of the blocked mass:
 In the few-runs shapes the ready pool is spread over the same runs as the waiting mass, so every
 completion refreshes a run that holds thousands of waiting tasks.
 
-Also printed: `EXPLAIN QUERY PLAN` of every statement `claim_next` runs (traced from the store, so
+Also printed: `EXPLAIN QUERY PLAN` of every statement `claim_ready` runs (traced from the store, so
 it shows whatever the store does today) and the number of SQL statements in one cycle.
 
 The DB is built once per (shape, size) with `tasks.submit` (one transaction per batch of a few
@@ -74,7 +74,7 @@ def _gates(conn: sqlite3.Connection) -> list[str]:
     sub = tasks.submit(conn, [TaskSpec(type="GATE", priority=1_000_000) for _ in range(GATES)], now=NOW)
     ids = [t.id for t in sub.tasks]
     for _ in ids:
-        claimed = tasks.claim_next(conn, NOW)
+        claimed = tasks.claim_ready(conn, NOW, 1)[0]
         assert claimed is not None and claimed.id in ids
         tasks.start(conn, claimed.id, now=NOW)
     return ids
@@ -181,7 +181,7 @@ def cycles(path: Path, count: int) -> dict[str, float]:
     cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
     for _ in range(count):
         t0 = time.perf_counter_ns()
-        task = tasks.claim_next(conn, now)
+        task = tasks.claim_ready(conn, now, 1)[0]
         t1 = time.perf_counter_ns()
         assert task is not None and task.type == "READY", task
         tasks.start(conn, task.id, now=now)
@@ -199,12 +199,12 @@ def cycles(path: Path, count: int) -> dict[str, float]:
 
 
 def statements_of_one_cycle(path: Path) -> tuple[list[tuple[str, list[str]]], int]:
-    """EXPLAIN QUERY PLAN of every statement `claim_next` runs (traced, so whatever the store
+    """EXPLAIN QUERY PLAN of every statement `claim_ready` runs (traced, so whatever the store
     does today), and how many statements one whole cycle takes; on a copy of the DB."""
     conn = db.open_database(path)
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
-    task = tasks.claim_next(conn, NOW + 1)
+    task = tasks.claim_ready(conn, NOW + 1, 1)[0]
     claim_statements = list(traced)
     assert task is not None, traced
     tasks.start(conn, task.id, now=NOW + 1)
@@ -285,7 +285,7 @@ def main() -> None:
         )
         print(f"| {shape} | {cells} |")
     print()
-    print(f"### EXPLAIN QUERY PLAN of each statement of `claim_next` ({shapes[0]}, {sizes[-1]:,} waiting)")
+    print(f"### EXPLAIN QUERY PLAN of each statement of `claim_ready` ({shapes[0]}, {sizes[-1]:,} waiting)")
     print()
     print("```")
     for sql, plan in plans:

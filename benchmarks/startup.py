@@ -37,7 +37,7 @@ from daemon.submission import parse_spec  # noqa: E402
 def build(path: Path, count: int, runs_of: int, independent: bool) -> None:
     conn = db.open_database(path)
     gate = tasks.submit(conn, [parse_spec({"type": "GATE"})], now=1.0).tasks[0].id
-    tasks.claim_next(conn, 1.0)
+    tasks.claim_ready(conn, 1.0, 1)
     tasks.start(conn, gate, now=1.0, executor_pid=1, executor_started_at=1.0)  # pid 1: never ours
     made = 1
     while made < count:
@@ -49,7 +49,7 @@ def build(path: Path, count: int, runs_of: int, independent: bool) -> None:
     # A few in flight, as a crash leaves them.
     for _ in range(4):
         extra = tasks.submit(conn, [parse_spec({"type": "WORK", "priority": 10})], now=3.0).tasks[0].id
-        tasks.claim_next(conn, 3.0)
+        tasks.claim_ready(conn, 3.0, 1)
         tasks.start(conn, extra, now=3.0)
     conn.close()
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from daemon import client, config, render, specs_input
+from daemon import client, config, models, render, specs_input
 from daemon.errors import FredicaError
 
 EXIT_REFUSED = 1
@@ -26,7 +26,7 @@ EXIT_UNREACHABLE = 3
 FOLLOW_POLL = 0.2  # how often `logs -f` looks for new lines
 FOLLOW_RECHECK = 1.0  # how often `logs -f ID` asks whether the task is still active
 WATCH_INTERVAL = 0.5  # how often `watch` refreshes
-ACTIVE_STATUSES = ["pending", "claimed", "running"]
+ACTIVE_STATUSES = models.in_order(models.ACTIVE_STATUSES)  # as `ls` is asked for them
 _CONFIG = "fredica.config"
 _CLIENT = "fredica.client"
 _SETTINGS = "fredica.settings"
@@ -392,11 +392,11 @@ def _watch_snapshot(target: str | None, known: dict[str, dict[str, Any]]) -> boo
         obj = reply["object"]
         tasks = (obj.get("tasks") or []) if reply.get("kind") == "run" else [obj]
         known.update((task["id"], task) for task in tasks)
-        return all(task.get("status") in render.TERMINAL for task in tasks)
+        return all(task.get("status") in models.TERMINAL_STATUSES for task in tasks)
     active = call("ls", status=ACTIVE_STATUSES)
     ids = {task["id"] for task in active}
     for task_id, task in list(known.items()):
-        if task_id not in ids and task.get("status") in render.ACTIVE:
+        if task_id not in ids and task.get("status") in models.ACTIVE_STATUSES:
             # It left the active list: ask how it ended.
             try:
                 known[task_id] = call("show", id=task_id)["object"]
@@ -420,8 +420,8 @@ def watch(target: str | None) -> None:
         while True:
             done = _watch_snapshot(target, known)
             tasks = sorted(known.values(), key=lambda task: task.get("seq") or 0)
-            active = [task for task in tasks if task.get("status") in render.ACTIVE]
-            finished = [t for t in tasks if t.get("status") not in render.ACTIVE and t["id"] not in printed]
+            active = [task for task in tasks if task.get("status") in models.ACTIVE_STATUSES]
+            finished = [t for t in tasks if t.get("status") not in models.ACTIVE_STATUSES and t["id"] not in printed]
             printed.update(task["id"] for task in finished)
             screen.update(finished, active)
             if done:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from daemon import errors, protocol
+from daemon import errors, models, protocol
 from daemon.errors import DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
 from executors import tasklog
 
@@ -134,7 +134,7 @@ class Client:
             if reply["ended"]:
                 return reply["tasks"]
             if deadline is not None and time.monotonic() >= deadline:
-                active = [task["id"] for task in reply["tasks"] if task["status"] in _ACTIVE]
+                active = [task["id"] for task in reply["tasks"] if task["status"] in models.ACTIVE_STATUSES]
                 raise errors.WaitTimedOut(
                     f"{len(active)} of {len(reply['tasks'])} tasks still active after {timeout:g}s", reply["tasks"])
 
@@ -253,9 +253,6 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise TimeoutError from None
                 time.sleep(CONNECT_RETRY)
-
-
-_ACTIVE = frozenset({"pending", "claimed", "running"})
 
 
 def _check_fields(fields: Mapping[str, Any]) -> None:

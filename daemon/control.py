@@ -339,12 +339,12 @@ class ControlServer:
             self._drop(conn)
             return
         if not data:  # the client closed its end, or shut down its sending side only
-            if conn.frame.received:
+            if conn.frame.buffered:
                 self._refuse(conn, protocol.ConnectionClosed(f"connection closed with {conn.frame.missing()}"))
             else:
                 self._drop(conn)
             return
-        if not conn.frame.received:
+        if not conn.frame.buffered:
             self._set_deadline(conn, time.monotonic() + self.request_timeout)  # for the whole request
         try:
             body = conn.frame.feed(data)
@@ -413,7 +413,7 @@ class ControlServer:
                 self._set_deadline(conn, None)
         elif conn.reply is not None:
             self._drop(conn)  # it does not read its reply
-        elif conn.frame.received:
+        elif conn.frame.buffered:
             timeout = f"{self.request_timeout:g}"
             self._refuse(conn, protocol.ProtocolError(
                 f"incomplete request: {conn.frame.missing()} after {timeout}s (a request must arrive whole "

@@ -59,7 +59,7 @@ def prepare(
         tasks.complete(conn, task.id, {**_skipped_fields(executor, resolved, bound), "skipped": True}, now=now,
                        known=task)
         bound.info("task_skipped")
-        return Recorded("completed")
+        return Recorded(models.TaskStatus.COMPLETED)
     return Prepared(resolved, executor, upstream)
 
 

@@ -29,8 +29,31 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class DisplayStatus(enum.StrEnum):
+    """The words people see for a task besides its stored status (SPEC §3); never stored."""
+
+    WAITING = "waiting"  # pending or claimed: not started yet
+    PAUSED = "paused"  # running, and paused
+
+
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RUNNING})
+WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
+
+
+def in_order(statuses: frozenset[TaskStatus]) -> list[str]:
+    """The values of `statuses` in the enum's order, as the wire and the CLI list them."""
+    return [status.value for status in TaskStatus if status in statuses]
+
+
+def display_status(status: str, is_paused: bool) -> str:
+    """A task's status as people see it (SPEC §3): pending and claimed are waiting, a paused
+    running task is paused; any other is its stored status (`status` as stored or sent)."""
+    if status in WAITING_STATUSES:
+        return DisplayStatus.WAITING.value
+    if status == TaskStatus.RUNNING and is_paused:
+        return DisplayStatus.PAUSED.value
+    return str(status)
 
 # SPEC §3, as data: the only status changes the store will make. The terminal states have no entry,
 # so nothing ever leaves them.
@@ -152,11 +175,7 @@ class Task:
     @property
     def display_status(self) -> str:
         """The status as people see it (SPEC §3): waiting, paused, or the stored status."""
-        if self.status in (TaskStatus.PENDING, TaskStatus.CLAIMED):
-            return "waiting"
-        if self.status is TaskStatus.RUNNING and self.is_paused:
-            return "paused"
-        return self.status.value
+        return display_status(self.status, self.is_paused)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready values, keyed by column name."""

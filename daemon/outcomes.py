@@ -14,7 +14,7 @@ import structlog
 
 from daemon import models, scheduler
 from daemon.config import Settings
-from daemon.models import Task
+from daemon.models import Task, TaskStatus
 from daemon.engine.attempt import Attempt, Phase
 from daemon.engine.executor_processes import describe_exit
 from daemon.scheduler import Action
@@ -31,7 +31,7 @@ class Recorded:
     """What `record` wrote: the terminal status reached (None: retried), and the executor's
     `on_task_failed` hook to call once that is committed (None: nothing to undo)."""
 
-    finished: str | None
+    finished: TaskStatus | None
     hook: Callable[[], None] | None = None
     retried: bool = False  # put back to pending, not before its backoff delay
 
@@ -131,7 +131,7 @@ def record(
         try:
             tasks.complete(conn, task.id, result.result if result else None, now=now, known=task)
             bound.info("task_completed")
-            return Recorded("completed")
+            return Recorded(TaskStatus.COMPLETED)
         except (TypeError, ValueError) as exc:
             outcome = scheduler.Outcome(Action.FAIL, f"the result cannot be stored as JSON: {exc}", models.BAD_RESULT)
     if outcome.action is Action.RETRY:
@@ -144,14 +144,14 @@ def record(
         return Recorded(None, retried=True)
     if outcome.action is Action.CANCEL:
         ended = tasks.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled", known=task)
-        finished = "cancelled"
+        finished = TaskStatus.CANCELLED
         bound.info("task_cancelled")
     else:
         ended = tasks.fail(
             conn, task.id, error=outcome.error or "", error_type=outcome.error_type or models.EXCEPTION,
             now=now, known=task,
         )
-        finished = "failed"
+        finished = TaskStatus.FAILED
         bound.warning("task_failed", error_type=outcome.error_type, error=outcome.error)
     if executor is None:
         return Recorded(finished)

@@ -8,6 +8,8 @@ import os
 import select
 from typing import Any, Sequence
 
+from executors import framing
+
 
 def send_within(fd: int, data: bytes, stall: float) -> None:
     """Write `data` on the non-blocking `fd`, framed as `Connection.send_bytes` frames it; OSError
@@ -18,7 +20,7 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
     caller ends that process instead.
     """
     size = len(data)
-    header = frame_header(size)
+    header = framing.header(size, long_sizes=True)
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     # One write for a usual task; a big one is not copied just to prepend its header.
@@ -31,13 +33,6 @@ def send_within(fd: int, data: bytes, stall: float) -> None:
                 pass
             if view and not poller.poll(stall * 1000):
                 raise OSError(f"the executor process read none of its task for {stall:g} s")
-
-
-def frame_header(size: int) -> bytes:
-    """The header `Connection.send_bytes` puts before `size` bytes."""
-    if size > 0x7FFFFFFF:
-        return (-1).to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
-    return size.to_bytes(4, "big")
 
 
 def ready(handles: Sequence[Any], timeout: float | None, writable: Sequence[int] = ()) -> list[Any]:

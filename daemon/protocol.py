@@ -1,6 +1,7 @@
 """The control-socket protocol: length-framed JSON requests and replies, versioned and bounded.
 
-A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (an object).
+A frame (`executors.framing`) is a 4-byte big-endian length followed by that many bytes of UTF-8
+JSON (an object).
 
 Request: ``{"v": 1, "op": "<name>", "args": {...}}``
 Reply:   ``{"v": 1, "ok": true, "data": ...}`` or
@@ -19,10 +20,12 @@ import json
 import socket
 from typing import Any, Callable, Mapping, TypedDict
 
+from executors import framing
+
 from daemon.errors import ProtocolError, FrameTooLarge, ConnectionClosed, NotText  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
 VERSION = 1
-HEADER = 4
+HEADER = framing.HEADER
 MAX_REQUEST = 4 * 1024 * 1024
 MAX_REPLY = 256 * 1024 * 1024
 READ_SIZE = 1 << 18  # bytes asked of the socket at once
@@ -207,17 +210,10 @@ def encode(message: Mapping[str, Any], limit: int) -> bytes:
         raise NotText(f"{non_text(message)} ({NOT_TEXT})") from None
     except ValueError as exc:  # NaN or infinity, which JSON has no spelling for
         raise ProtocolError(f"message is not JSON: {exc}") from None
-    if len(body) > limit:
-        raise FrameTooLarge(f"message of {len(body)} bytes is over the {limit} byte limit")
-    return len(body).to_bytes(HEADER, "big") + body
-
-
-def frame_size(header: bytes, limit: int) -> int:
-    """The body size a frame's header announces; FrameTooLarge over `limit`."""
-    size = int.from_bytes(header, "big")
-    if size > limit:
-        raise FrameTooLarge(f"message of {size} bytes is over the {limit} byte limit")
-    return size
+    try:
+        return framing.encode(body, limit)
+    except framing.Oversized as exc:
+        raise FrameTooLarge(str(exc)) from None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -245,33 +241,17 @@ def decode(body: bytes) -> dict[str, Any]:
     return message
 
 
-class FrameReader:
-    """Frames assembled from the pieces a socket gives, on either side of it: `feed` the pieces as
-    they come (blocking or not); bytes past a frame are kept for the next one."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.received = bytearray()  # of the frame under way (and any after it)
-        self.size: int | None = None  # its body's, once its header is in
+class FrameReader(framing.Frames):
+    """Frames assembled from the pieces a socket gives, on either side of it (`framing.Frames`),
+    with an oversized one refused as the protocol's FrameTooLarge."""
 
     def feed(self, data: bytes = b"") -> bytes | None:
         """The body of the next frame once it is whole, else None; FrameTooLarge from the header.
         `feed()` with nothing looks for a frame that came behind the last one."""
-        self.received += data
-        if self.size is None and len(self.received) >= HEADER:
-            self.size = frame_size(bytes(self.received[:HEADER]), self.limit)
-        if self.size is None or len(self.received) < HEADER + self.size:
-            return None
-        end, self.size = HEADER + self.size, None
-        body = bytes(self.received[HEADER:end])
-        del self.received[:end]
-        return body
-
-    def missing(self) -> str:
-        """What is still to come, for the error that says the rest never did."""
-        if self.size is None:
-            return f"{HEADER - len(self.received)} of the {HEADER} header bytes missing"
-        return f"{HEADER + self.size - len(self.received)} of {self.size} bytes missing"
+        try:
+            return super().feed(data)
+        except framing.Oversized as exc:
+            raise FrameTooLarge(str(exc)) from None
 
 
 def read_frame(sock: socket.socket, limit: int, frames: FrameReader | None = None) -> dict[str, Any]:
@@ -286,10 +266,6 @@ def read_frame(sock: socket.socket, limit: int, frames: FrameReader | None = Non
             raise ConnectionClosed(f"connection closed with {frames.missing()}")
         body = frames.feed(chunk)
     return decode(body)
-
-
-def write_frame(sock: socket.socket, message: Mapping[str, Any], limit: int) -> None:
-    sock.sendall(encode(message, limit))
 
 
 def request(op: str, **args: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Collection, Mapping, Sequence
 
 import structlog
 
-from daemon import outcomes, processes
+from daemon import models, outcomes, processes
 from daemon.errors import FredicaError
 from daemon.models import Task, TaskStatus
 from daemon.store import db, restarts, runs, tasks
@@ -120,7 +120,7 @@ def recreate(
             )
         copies = [original] + [
             t for t in tasks.downstream(conn, original.id)
-            if t.status is TaskStatus.CANCELLED and t.error_type == "DEPENDENCY_FAILED"
+            if t.status is TaskStatus.CANCELLED and t.error_type == models.DEPENDENCY_FAILED
         ]
         included: list[Task] = []
         included_ids: set[str] = set()

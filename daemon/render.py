@@ -10,10 +10,14 @@ import datetime
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-TASK_STATUSES = ("pending", "claimed", "running", "completed", "failed", "cancelled")
-RUN_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
-ACTIVE = frozenset({"pending", "claimed", "running"})
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+from daemon import models
+from daemon.models import DisplayStatus, TaskStatus
+
+TASK_STATUSES = tuple(status.value for status in TaskStatus)
+RUN_STATUSES = tuple(status.value for status in models.RunStatus)
+# How `fredica wait`'s summary orders what it counts: the ends first, then what is still going.
+_SUMMARY_ORDER = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.RUNNING,
+                  DisplayStatus.PAUSED, DisplayStatus.WAITING)
 BAR_WIDTH = 20
 SHORT_ID = 8
 
@@ -28,12 +32,7 @@ def one_line(text: str) -> str:
 
 def display_status(task: Mapping[str, Any]) -> str:
     """The status as people see it (SPEC §3): pending and claimed are waiting, paused is shown."""
-    status = str(task.get("status", "?"))
-    if status in ("pending", "claimed"):
-        return "waiting"
-    if status == "running" and task.get("is_paused"):
-        return "paused"
-    return status
+    return models.display_status(str(task.get("status", "?")), bool(task.get("is_paused")))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: Sequence[str] = ()) -> list[str]:
@@ -246,7 +245,7 @@ def progress_line(task: Mapping[str, Any]) -> str:
     filled = round(BAR_WIDTH * progress / 100)
     bar = "#" * filled + "-" * (BAR_WIDTH - filled)
     words = [str(task.get("type")), str(task.get("id", ""))[:SHORT_ID], display_status(task)]
-    if task.get("status") in TERMINAL:
+    if task.get("status") in models.TERMINAL_STATUSES:
         words.append(str(task.get("error_type") or ""))  # the last status text is stale by now
     elif task.get("status_text"):
         words.append(str(task["status_text"]))
@@ -261,7 +260,7 @@ def outcome_summary(tasks: Iterable[Mapping[str, Any]]) -> str:
         counts[name] = counts.get(name, 0) + 1
     if not counts:
         return "nothing to watch"
-    order = ("completed", "failed", "cancelled", "running", "paused", "waiting")
+    order = _SUMMARY_ORDER
     names = sorted(counts, key=lambda name: order.index(name) if name in order else len(order))
     total = sum(counts.values())
     return f"watched {total} task{'s' * (total != 1)}: " + ", ".join(f"{counts[n]} {n}" for n in names)

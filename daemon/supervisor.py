@@ -106,7 +106,7 @@ class Supervisor:
         self._pending_grace = settings.shutdown_grace
         self._next_heartbeat = 0.0
         self.notifier = notifier if notifier is not None else Notifier({})
-        self.finished_counts = {"completed": 0, "failed": 0, "cancelled": 0}
+        self.finished_counts = {status: 0 for status in models.in_order(models.TERMINAL_STATUSES)}
         # SPEC §13: while the database cannot be written, what the loop still has to record waits
         # here: attempts that ended (their processes released) and, in `running`, their mirrors.
         self.fault: faults.WriteFault | None = None
@@ -508,7 +508,7 @@ class Supervisor:
             state += "; " + self.fault.summary(self.clock())
         return (
             f"{state}: {len(self.running)}/{self.queues.total_workers} workers busy; since start "
-            f"{done['completed']} completed, {done['failed']} failed, {done['cancelled']} cancelled"
+            + ", ".join(f"{count} {status}" for status, count in done.items())
         )
 
     def _guard(self, rt: Attempt, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> None:
@@ -800,14 +800,14 @@ class Supervisor:
             stopping = [task_id for task_id in outcome.running
                         if self._request_stop(task_id, "cancel", now, requested=True)]
             if not outcome.cancelled and not stopping:
-                raise InvalidTransition(target_id, run.status.value, "cancelled",
+                raise InvalidTransition(target_id, run.status.value, models.TaskStatus.CANCELLED.value,
                                         f"workflow run {target_id} is {run.status.value}: nothing to cancel")
             log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
             return CancelReport(outcome.cancelled, tuple(stopping))
         if self._request_stop(task.id, "cancel", now, requested=True):
             return CancelReport((), (task.id,))
         if any(rt.task.id == task.id for rt in self.unrecorded):
-            raise InvalidTransition(task.id, task.status.value, "cancelled",
+            raise InvalidTransition(task.id, task.status.value, models.TaskStatus.CANCELLED.value,
                                     f"task {task.id} has just ended: its outcome is being recorded")
         tasks.cancel(self.conn, task.id, now=now)
         log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user")

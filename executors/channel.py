@@ -7,8 +7,8 @@ closes (or, for a launcher's fork, resynchronises after the fork's exit: `discar
 one that floods it blocks on the full pipe (backpressure) instead of growing the supervisor's
 memory.
 
-Framing is ours rather than `Connection.send`/`recv`: a 4-byte big-endian length, then the message
-as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
+Framing is ours (`executors.framing`) rather than `Connection.send`/`recv`: a 4-byte big-endian
+length, then the message as UTF-8 JSON. The supervisor reads with a non-blocking fd and its own buffer, so a half-written
 message never blocks it, and it only ever decodes data, never pickles from a child. The
 `multiprocessing` Connection objects are used only to hand the pipe's fds to the child.
 """
@@ -22,7 +22,9 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping, NoReturn
 
-HEADER_SIZE = 4
+from executors import framing
+
+HEADER_SIZE = framing.HEADER
 # Far above any result an attempt may send (max_result_bytes); a length beyond it can only be
 # garbage, so the channel is dropped.
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -47,12 +49,9 @@ def poll_now(fd: int) -> int:
     return events[0][1] if events else 0
 
 
-class MessageTooLarge(ValueError):
-    """A message that is valid JSON but longer than MAX_MESSAGE once encoded."""
-
-
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One framed message; TypeError or ValueError if it is not plain JSON (MessageTooLarge if too large).
+    """One framed message; TypeError or ValueError if it is not plain JSON (framing.Oversized if
+    longer than MAX_MESSAGE).
 
     Text that is not valid Unicode (a lone surrogate, as os.fsdecode makes of a file name's
     undecodable bytes) is sent with those characters as backslash escapes, not refused, where it
@@ -64,9 +63,7 @@ def encode(message: Mapping[str, Any]) -> bytes:
     except UnicodeEncodeError:
         escaped = {key: value if key == "result" else _escaped(value) for key, value in message.items()}
         body = json.dumps(escaped, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    if len(body) > MAX_MESSAGE:
-        raise MessageTooLarge(f"message of {len(body)} bytes exceeds the {MAX_MESSAGE} byte limit")
-    return len(body).to_bytes(HEADER_SIZE, "big") + body
+    return framing.encode(body, MAX_MESSAGE)
 
 
 def _escaped(value: Any) -> Any:
@@ -122,15 +119,23 @@ class StatusReader:
         self.connection = connection
         self._fd = connection.fileno()
         os.set_blocking(self._fd, False)
-        self._buffer = bytearray()
-        self._pos = 0
+        # A message announced as longer than its limit closes the channel as soon as its header
+        # is read, before its body is: no executor can make the supervisor hold more
+        # (`max_message`, set from `frame_limit`).
+        self._frames = framing.Frames(MAX_MESSAGE)
         self.closed = False  # True once no further message can arrive
         self.close_reason: str | None = None
         self.broken = False  # closed because it failed, not because the writer was done
-        # A message announced as longer than this closes the channel as soon as its header is
-        # read, before its body is: no executor can make the supervisor hold more (`frame_limit`).
-        self.max_message = MAX_MESSAGE
-        self.oversized: int | None = None  # the length of the message that did
+        self.oversized: int | None = None  # the length of the message that was over `max_message`
+
+    @property
+    def max_message(self) -> int:
+        """The longest message this channel takes (at most MAX_MESSAGE)."""
+        return self._frames.limit
+
+    @max_message.setter
+    def max_message(self, limit: int) -> None:
+        self._frames.limit = limit
 
     def fileno(self) -> int:
         """The fd the supervisor's loop waits on (daemon.pipes.ready), with the process sentinels."""
@@ -142,16 +147,18 @@ class StatusReader:
         End-of-file, a read error or garbled data mark the channel closed; nothing is raised.
         """
         messages: list[dict[str, Any]] = []
+        data = b""
         while limit is None or len(messages) < limit:
-            message = self._next_message()
+            message = self._next_message(data)
             if message is not None:
                 messages.append(message)
+                data = b""
                 continue
-            if self.closed or not self._fill():
+            if self.closed:
                 break
-        if self._pos:
-            del self._buffer[: self._pos]
-            self._pos = 0
+            data = self._read()
+            if not data:
+                break
         return messages
 
     def mark_closed(self, reason: str, *, broken: bool = False) -> None:
@@ -161,55 +168,46 @@ class StatusReader:
             self.closed = True
             self.close_reason = reason
             self.broken = broken
-        self._buffer.clear()
-        self._pos = 0
+        self._frames.clear()
 
     def discard_partial(self) -> None:
         """Drop the start of a message whose writer died before finishing it (a launcher's fork:
         the launcher keeps the pipe open, so no end-of-file says so)."""
-        self._buffer.clear()
-        self._pos = 0
+        self._frames.clear()
 
     def close(self) -> None:
         """Release the fd."""
         self.mark_closed(self.close_reason or "closed by the supervisor")
         self.connection.close()
 
-    def _fill(self) -> bool:
-        """Read what the pipe holds; False when nothing more is available now."""
+    def _read(self) -> bytes:
+        """What the pipe holds; b"" when nothing more is available now (closed at its end)."""
         try:
             chunk = os.read(self._fd, READ_CHUNK)
         except BlockingIOError:
-            return False
+            return b""
         except OSError as exc:
             self.mark_closed(f"read error: {exc}", broken=True)
-            return False
+            return b""
         if not chunk:
-            partial = len(self._buffer) > self._pos
+            partial = self._frames.buffered > 0
             self.mark_closed("end of file inside a message" if partial else "end of file")
-            return False
-        self._buffer += chunk
-        return True
+        return chunk
 
-    def _next_message(self) -> dict[str, Any] | None:
+    def _next_message(self, data: bytes) -> dict[str, Any] | None:
         if self.closed:
             return None
-        available = len(self._buffer) - self._pos
-        if available < HEADER_SIZE:
+        try:
+            body = self._frames.feed(data)
+        except framing.Oversized as exc:
+            if exc.size > MAX_MESSAGE:
+                self.mark_closed(f"garbled data: a message length of {exc.size} bytes", broken=True)
+            else:
+                self.oversized = exc.size
+                self.mark_closed(f"a message of {exc.size} bytes, over the limit of {exc.limit}", broken=True)
             return None
-        start = self._pos + HEADER_SIZE
-        length = int.from_bytes(self._buffer[self._pos : start], "big")
-        if length > MAX_MESSAGE:
-            self.mark_closed(f"garbled data: a message length of {length} bytes", broken=True)
+        if body is None:
             return None
-        if length > self.max_message:
-            self.oversized = length
-            self.mark_closed(f"a message of {length} bytes, over the limit of {self.max_message}", broken=True)
-            return None
-        if available < HEADER_SIZE + length:
-            return None
-        body = bytes(self._buffer[start : start + length])
-        self._pos = start + length
         try:
             message = json.loads(body)
         except ValueError as exc:  # includes UnicodeDecodeError

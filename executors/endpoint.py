@@ -22,14 +22,14 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
-from executors import registry
+from executors import framing, registry
 from executors.assignment import Assignment, Limits
 from executors._parent import (
     LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
     end_orphaned_attempt, watch_daemon,
 )
 from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
-from executors.channel import READ_CHUNK, MessageTooLarge, StatusQueue, encode, poll_now
+from executors.channel import READ_CHUNK, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
 from executors.steering import ControlReader, Steered, Steering
 
@@ -240,7 +240,9 @@ def _run_assigned_attempt(
             _rehearse(rehearsal, steering)
         except Exception:
             pass  # only ever a head start: the attempt itself reports what goes wrong
-    data = _read_message(assignments.fileno())
+    # As `Connection.send_bytes` frames it, read with plain os.read: in a fresh fork, Connection's
+    # Python code would cost a page fault per object it touches.
+    data = framing.read_frame(assignments.fileno(), framing.UNBOUNDED, long_sizes=True)
     if data is None:
         os._exit(0)  # dismissed, or the supervisor is gone, before a task came
     state.take()
@@ -275,36 +277,6 @@ class _NoStatus:
 
     def put(self, message: Mapping[str, Any]) -> None:
         raise AssertionError("a rehearsal sends nothing")
-
-
-def _read_message(fd: int) -> bytes | None:
-    """One message as `Connection.send_bytes` frames it (a 4-byte big-endian length, or -1 and an
-    8-byte one), read with plain os.read: in a fresh fork, Connection's Python code would cost a
-    page fault per object it touches. None at end-of-file."""
-    header = _read_exactly(fd, 4)
-    if header is None:
-        return None
-    size = int.from_bytes(header, "big", signed=True)
-    if size == -1:
-        header = _read_exactly(fd, 8)
-        if header is None:
-            return None
-        size = int.from_bytes(header, "big")
-    return _read_exactly(fd, size)
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    chunks = []
-    while size:
-        try:
-            chunk = os.read(fd, min(size, 1 << 20))
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 def _hung_up(fd: int) -> bool:
@@ -444,7 +416,7 @@ def encoded_result(message: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     event-loop process's "attempt") are kept."""
     try:
         return message, encode(message)
-    except (MessageTooLarge, TypeError, ValueError, RecursionError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: framing.Oversized too
         error = error_message(f"the result cannot be sent: {type(exc).__name__}: {exc}", models.BAD_RESULT)
         error.update((key, value) for key, value in message.items() if key not in error)
         return error, encode(error)

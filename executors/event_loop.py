@@ -52,7 +52,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Mapping, NoReturn
 
 from daemon import models
-from executors import registry
+from executors import framing, registry
 from executors._parent import ORPHANED, adopt_orphans, daemon_gone, end_leftovers
 from executors._process import cancelled_result
 from executors.assignment import Assignment
@@ -100,7 +100,8 @@ class EventLoopProcess:
         self._control_fd = control_fd
         self._heartbeat_interval = heartbeat_interval
         self.commands = Commands(PENDING_ATTEMPTS)
-        self._frames = AssignmentFrames()
+        # As `Connection.send_bytes` frames them (`daemon.pipes.send_within`): `executors.framing`.
+        self._frames = framing.Frames(framing.UNBOUNDED, long_sizes=True)
         self.attempts: dict[str, Attempt] = {}
         self.orphaned = False  # the daemon is gone: nothing more is sent
         self._dismissed = False
@@ -135,7 +136,12 @@ class EventLoopProcess:
             self._dismissed = True
             self._finish_if_idle()
             return
-        for data in self._frames.feed(chunk):
+        try:
+            bodies = self._frames.bodies(chunk)
+        except framing.Garbled:
+            traceback.print_exc()  # as for an assignment that cannot be unpickled, below
+            self.exit(1)
+        for data in bodies:
             try:
                 assignment: Assignment = pickle.loads(data)
             except Exception:
@@ -356,30 +362,6 @@ class Tagged:
 
     def put(self, message: Mapping[str, Any]) -> None:
         self._status.put({**message, "attempt": self._attempt})
-
-
-class AssignmentFrames:
-    """Splits what the assignment pipe delivers into messages, as `Connection.send_bytes` frames
-    them: a 4-byte big-endian length, or -1 and an 8-byte one, then the bytes."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """The messages `chunk` completes."""
-        self._buffer += chunk
-        messages = []
-        while len(self._buffer) >= 4:
-            size, start = int.from_bytes(self._buffer[:4], "big", signed=True), 4
-            if size == -1:
-                if len(self._buffer) < 12:
-                    break
-                size, start = int.from_bytes(self._buffer[4:12], "big"), 12
-            if len(self._buffer) < start + size:
-                break
-            messages.append(bytes(self._buffer[start : start + size]))
-            del self._buffer[: start + size]
-        return messages
 
 
 def _read(fd: int) -> bytes | None:

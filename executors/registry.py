@@ -156,10 +156,6 @@ class Registry:
         attempts go to an event-loop executor process (KeyError if none is registered)."""
         return self._registrations[task_type].cls.runs_in_event_loop()
 
-    def registration(self, task_type: str) -> Registration | None:
-        """Everything known about `task_type`'s executor, or None."""
-        return self._registrations.get(task_type)
-
     def __contains__(self, task_type: object) -> bool:
         return task_type in self._registrations
 

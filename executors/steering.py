@@ -31,7 +31,8 @@ import os
 import threading
 from typing import Any
 
-from executors.channel import HEADER_SIZE, READ_CHUNK, encode, poll_now
+from executors import framing
+from executors.channel import MAX_MESSAGE, READ_CHUNK, encode, poll_now
 
 COMMANDS = ("cancel", "pause", "resume")
 # Commands for attempts this process has not started yet (the supervisor may pause a task the
@@ -144,7 +145,7 @@ class Commands:
 
     def __init__(self, pending_attempts: int = PENDING_ATTEMPTS) -> None:
         self._lock = threading.Lock()  # guards the attempts' state: _attempts and _pending
-        self._buffer = b""
+        self._frames: framing.Frames | None = framing.Frames(MAX_MESSAGE)
         self._attempts: dict[str, Steered] = {}
         self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
         self._pending_attempts = pending_attempts
@@ -167,17 +168,21 @@ class Commands:
 
     def feed(self, chunk: bytes) -> None:
         """Apply every command `chunk` completes (bytes of a frame not complete yet are kept)."""
-        buffer = self._buffer + chunk
-        while len(buffer) >= HEADER_SIZE:
-            length = int.from_bytes(buffer[:HEADER_SIZE], "big")
-            if len(buffer) < HEADER_SIZE + length:
-                break
-            body, buffer = buffer[HEADER_SIZE : HEADER_SIZE + length], buffer[HEADER_SIZE + length :]
+        if self._frames is None:
+            return
+        try:
+            bodies = self._frames.bodies(chunk)
+        except framing.Oversized:
+            # `command` encodes none that long: the pipe's framing is lost, and no later command can be
+            # found in it. Only the supervisor writes here, so this is a bug of ours; the attempt
+            # runs on unsteered (as it would if its Events were never looked at).
+            self._frames = None
+            return
+        for body in bodies:
             try:
                 self._apply(json.loads(body))
             except ValueError:
                 pass  # only the supervisor writes here; never let a bad message stop steering
-        self._buffer = buffer
 
     def _apply(self, message: Any) -> None:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:

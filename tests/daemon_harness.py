@@ -104,7 +104,7 @@ class Daemon:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(str(self.socket))
-            protocol.write_frame(sock, protocol.request(op, **args), protocol.MAX_REQUEST)
+            sock.sendall(protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST))
             return protocol.read_frame(sock, protocol.MAX_REPLY)
 
     def data(self, op: str, **args: Any) -> Any:

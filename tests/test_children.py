@@ -548,6 +548,9 @@ def test_a_flood_is_drained_in_bounded_batches_and_ends_with_the_result(launch: 
 def test_drain_after_sigkill_mid_flood_never_raises(launch: Launch) -> None:
     child = launch("Flood", {"n": 10_000_000})
     wait_for(lambda: child.drain(10).messages)  # flowing; the pipe refills while we do not read
+    # Killed once the pipe is full (not after its first few messages, on a loaded machine), so
+    # that there is a flood to drain.
+    wait_for(lambda: pipe_bytes(child.status.connection) >= 32 * 1024)
     os.kill(child.pid, signal.SIGKILL)
     messages = collect(child, limit=1000)
     assert messages and all(m["type"] == "progress" for m in messages)

@@ -11,6 +11,7 @@ from daemon import models
 from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
+from tests import store_steps
 
 T0 = 5_000.0
 
@@ -23,7 +24,7 @@ def submit(conn: sqlite3.Connection, *lines: dict[str, Any], now: float = T0) ->
 def claim_all(conn: sqlite3.Connection, now: float) -> list[str]:
     """Claim until nothing is ready; the ids in claim order."""
     claimed = []
-    while (task := tasks.claim_next(conn, now)) is not None:
+    while (task := store_steps.claim_next(conn, now)) is not None:
         assert task.status is S.CLAIMED
         claimed.append(task.id)
     return claimed
@@ -77,37 +78,37 @@ def test_several_tasks_are_claimed_at_once_in_claim_order(conn: sqlite3.Connecti
 
 
 def test_claim_returns_none_when_nothing_is_ready(conn: sqlite3.Connection) -> None:
-    assert tasks.claim_next(conn, T0) is None  # empty database
+    assert store_steps.claim_next(conn, T0) is None  # empty database
     first, second = submit(conn, {"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a"]})
-    assert tasks.claim_next(conn, T0).id == first
+    assert store_steps.claim_next(conn, T0).id == first
     tasks.start(conn, first, now=T0)
     # One task running, its dependent blocked: nothing is ready.
-    assert tasks.claim_next(conn, T0 + 1) is None
+    assert store_steps.claim_next(conn, T0 + 1) is None
     assert tasks.get(conn, second).status is S.PENDING
 
 
 def test_a_claimed_task_is_never_claimed_again(conn: sqlite3.Connection) -> None:
     (only,) = submit(conn, {"type": "T"})
-    claimed = tasks.claim_next(conn, T0)
+    claimed = store_steps.claim_next(conn, T0)
     assert claimed.id == only
     assert claimed.claimed_at == T0
-    assert tasks.claim_next(conn, T0 + 1) is None
+    assert store_steps.claim_next(conn, T0 + 1) is None
     # Still the first claim's record.
     assert tasks.get(conn, only).claimed_at == T0
 
 
 def test_claim_skips_a_task_until_its_not_before_time(conn: sqlite3.Connection) -> None:
     urgent, routine = submit(conn, {"type": "U", "priority": 10, "max_retries": 2}, {"type": "R"})
-    assert tasks.claim_next(conn, T0).id == urgent
+    assert store_steps.claim_next(conn, T0).id == urgent
     tasks.start(conn, urgent, now=T0)
     tasks.retry(conn, urgent, error="flaky", error_type="EXCEPTION", not_before=T0 + 60, now=T0 + 1)
     assert tasks.next_ready_at(conn) == T0 + 60  # when the delayed retry becomes claimable
 
     # The higher-priority retry waits; the lower-priority task goes first.
-    assert tasks.claim_next(conn, T0 + 2).id == routine
-    assert tasks.claim_next(conn, T0 + 59.9) is None
+    assert store_steps.claim_next(conn, T0 + 2).id == routine
+    assert store_steps.claim_next(conn, T0 + 59.9) is None
     assert tasks.next_ready_at(conn) == T0 + 60
-    again = tasks.claim_next(conn, T0 + 60)
+    again = store_steps.claim_next(conn, T0 + 60)
     assert again.id == urgent
     assert again.retry_count == 1
     assert tasks.next_ready_at(conn) is None  # nothing waits out a delay any more
@@ -117,13 +118,13 @@ def test_delayed_retries_are_not_in_the_ready_index(conn: sqlite3.Connection) ->
     # Claiming reads only the partial index of claimable tasks: a task waiting out its retry delay
     # is kept in another index until its time comes, so many of them cannot slow claiming down.
     (task_id,) = submit(conn, {"type": "U", "max_retries": 1})
-    tasks.claim_next(conn, T0)
+    store_steps.claim_next(conn, T0)
     tasks.start(conn, task_id, now=T0)
     tasks.retry(conn, task_id, error="e", error_type="EXCEPTION", not_before=T0 + 5, now=T0)
     in_ready = conn.execute("SELECT count(*) FROM task INDEXED BY task_ready "
                             "WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0").fetchone()[0]
     assert in_ready == 0
-    assert tasks.claim_next(conn, T0 + 5).id == task_id
+    assert store_steps.claim_next(conn, T0 + 5).id == task_id
 
 
 # --- dependencies -------------------------------------------------------------------------------
@@ -137,16 +138,16 @@ def test_dependency_across_runs(conn: sqlite3.Connection) -> None:
 
     assert claim_all(conn, T0) == [upstream]
     tasks.start(conn, upstream, now=T0 + 1)
-    assert tasks.claim_next(conn, T0 + 2) is None
+    assert store_steps.claim_next(conn, T0 + 2) is None
     tasks.complete(conn, upstream, {"n": 1}, now=T0 + 3)
-    assert tasks.claim_next(conn, T0 + 4).id == downstream
+    assert store_steps.claim_next(conn, T0 + 4).id == downstream
     assert tasks.results_of(conn, list(tasks.get(conn, downstream).depends_on)) == {upstream: {"n": 1}}
 
 
 def test_dependency_across_runs_failure_cancels_the_other_run(conn: sqlite3.Connection) -> None:
     (upstream,) = submit(conn, {"type": "A"})
     (downstream,) = submit(conn, {"type": "B", "depends_on": [upstream]})
-    tasks.claim_next(conn, T0)
+    store_steps.claim_next(conn, T0)
     tasks.fail(conn, upstream, error="no", error_type="EXCEPTION", now=T0 + 1)
     cancelled = tasks.get(conn, downstream)
     assert cancelled.status is S.CANCELLED
@@ -166,9 +167,9 @@ def test_diamond(conn: sqlite3.Connection) -> None:
     finish(conn, a, T0 + 1)
     assert claim_all(conn, T0 + 2) == [b, c]
     finish(conn, b, T0 + 3)
-    assert tasks.claim_next(conn, T0 + 4) is None  # C is not done yet
+    assert store_steps.claim_next(conn, T0 + 4) is None  # C is not done yet
     tasks.start(conn, c, now=T0 + 5)
-    assert tasks.claim_next(conn, T0 + 6) is None
+    assert store_steps.claim_next(conn, T0 + 6) is None
     tasks.complete(conn, c, {}, now=T0 + 7)
     assert claim_all(conn, T0 + 8) == [d]
 
@@ -185,10 +186,10 @@ def test_chain_failure_cancels_everything_downstream_in_the_same_call(conn: sqli
     middle = 25
     now = T0 + 1
     for i in range(middle):
-        assert tasks.claim_next(conn, now).id == ids[i]
+        assert store_steps.claim_next(conn, now).id == ids[i]
         finish(conn, ids[i], now)
         now += 1
-    assert tasks.claim_next(conn, now).id == ids[middle]
+    assert store_steps.claim_next(conn, now).id == ids[middle]
     tasks.start(conn, ids[middle], now=now)
     upstream_before = rows_of(conn, ids[:middle])
     unrelated_before = rows_of(conn, unrelated)
@@ -224,7 +225,7 @@ def test_two_connections_never_claim_the_same_task(db_path: Path, conn: sqlite3.
         seen: list[str] = []
         for turn in range(50):
             claimer = conn if turn % 2 == 0 else other
-            task = tasks.claim_next(claimer, T0)
+            task = store_steps.claim_next(claimer, T0)
             if task is not None:
                 seen.append(task.id)
         assert sorted(seen) == sorted(ids)
@@ -237,7 +238,7 @@ def _claim_worker(path: str, barrier: Any, results: Any) -> None:
     conn = db.open_database(path)
     barrier.wait(timeout=30)
     claimed = []
-    while (task := tasks.claim_next(conn, T0)) is not None:
+    while (task := store_steps.claim_next(conn, T0)) is not None:
         claimed.append(task.id)
     conn.close()
     results.put(claimed)

@@ -75,7 +75,7 @@ class FakeDaemon:
         except BaseException as exc:  # a bug in the test's handler: make it visible
             self.failures.append(exc)
             reply = protocol.error("FakeFailure", repr(exc))
-        protocol.write_frame(conn, reply, protocol.MAX_REPLY)
+        conn.sendall(protocol.encode(reply, protocol.MAX_REPLY))
 
     def close(self) -> None:
         self._stopping.set()

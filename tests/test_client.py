@@ -226,7 +226,7 @@ class OneShotServer:
                         self.received.append(op)
                         if op != "status":
                             break  # hang up: the reply is lost
-                        protocol.write_frame(conn, protocol.ok({"pid": 1}), protocol.MAX_REPLY)
+                        conn.sendall(protocol.encode(protocol.ok({"pid": 1}), protocol.MAX_REPLY))
         except OSError:
             return
 
@@ -380,7 +380,7 @@ def test_a_frame_reader_keeps_what_came_after_a_frame() -> None:
     assert frames.feed(two[:3]) is None
     assert protocol.decode(frames.feed(two[3:]))["op"] == "status"  # type: ignore[arg-type]
     assert protocol.decode(frames.feed())["args"] == {"id": "x"}  # type: ignore[arg-type]
-    assert frames.feed() is None and not frames.received
+    assert frames.feed() is None and not frames.buffered
 
 
 def test_the_daemon_answers_requests_sent_back_to_back_on_one_connection(daemon: Daemon) -> None:

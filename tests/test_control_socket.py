@@ -83,9 +83,9 @@ def outcomes(socks: list[socket.socket], timeout: float) -> dict[socket.socket, 
 
 
 def reply_of(data: bytes) -> dict[str, Any]:
-    assert len(data) >= protocol.HEADER, data
-    size = protocol.frame_size(data[: protocol.HEADER], protocol.MAX_REPLY)
-    return protocol.decode(data[protocol.HEADER : protocol.HEADER + size])
+    body = protocol.FrameReader(protocol.MAX_REPLY).feed(data)
+    assert body is not None, data
+    return protocol.decode(body)
 
 
 def test_idle_and_trickling_connections_neither_delay_status_nor_stay_open(daemons) -> None:

@@ -28,6 +28,7 @@ from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
+from tests import store_steps
 
 
 def gone(pid: int) -> bool:
@@ -112,7 +113,7 @@ def test_a_reused_pid_is_never_touched(db_path: Path) -> None:
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         task_id = tasks.submit(conn, [parse_spec({"type": "X"})], now=1.0).tasks[0].id
-        tasks.claim_next(conn, 1.0)
+        store_steps.claim_next(conn, 1.0)
         real_start = psutil.Process(bystander.pid).create_time()
         # Recorded as the executor's pid, but with another start time: the pid was reused.
         tasks.start(conn, task_id, now=1.0, executor_pid=bystander.pid, executor_started_at=real_start - 100)
@@ -259,7 +260,7 @@ def status_as_nobody(path: Path) -> str:
                 except PermissionError:
                     outcome = "EACCES"
                 else:
-                    protocol.write_frame(sock, protocol.request("status"), protocol.MAX_REQUEST)
+                    sock.sendall(protocol.encode(protocol.request("status"), protocol.MAX_REQUEST))
                     reply = protocol.read_frame(sock, protocol.MAX_REPLY)
                     outcome = "ok" if reply["ok"] else reply["error"]["kind"]
         except BaseException as exc:

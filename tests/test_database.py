@@ -18,6 +18,7 @@ from daemon.models import RunCounts
 from daemon.models import TaskStatus as S
 from daemon.store import db, migrations, runs, tasks
 from daemon.submission import TaskSpec
+from tests import store_steps
 
 T0 = 6_000.0
 
@@ -177,13 +178,13 @@ def test_version_1_database_is_upgraded_on_open(db_path: Path) -> None:
         assert again.tasks[0].created
 
         # Claims follow the old dependencies: only tc-1 and a-2 are ready.
-        assert tasks.claim_next(conn, T0 + 1).id == "tc-1"
-        assert tasks.claim_next(conn, T0 + 1).id == "a-2"
-        assert tasks.claim_next(conn, T0 + 1) is None
+        assert store_steps.claim_next(conn, T0 + 1).id == "tc-1"
+        assert store_steps.claim_next(conn, T0 + 1).id == "a-2"
+        assert store_steps.claim_next(conn, T0 + 1) is None
         tasks.complete(conn, "a-2", {}, now=T0 + 2)
-        assert tasks.claim_next(conn, T0 + 3).id == "b-2"  # its other dependency was completed
+        assert store_steps.claim_next(conn, T0 + 3).id == "b-2"  # its other dependency was completed
         tasks.complete(conn, "tc-1", {}, now=T0 + 4)
-        assert tasks.claim_next(conn, T0 + 5).id == "up-1"
+        assert store_steps.claim_next(conn, T0 + 5).id == "up-1"
         assert tasks.results_of(conn, ["dl-1"]) == {"dl-1": {"path": "/v.mp4"}}
 
         # The migrated counters keep moving with the tasks.
@@ -298,7 +299,7 @@ def test_committed_work_survives_kill_9(db_path: Path) -> None:
         assert task.payload == {"n": 7}
         assert runs.get(conn, task.workflow_run_id).total_tasks == 1
         # The dead process's write lock is gone: writing works at once.
-        assert tasks.claim_next(conn, T0).id == task_id
+        assert store_steps.claim_next(conn, T0).id == task_id
     finally:
         conn.close()
 

@@ -13,6 +13,7 @@ from daemon import models
 from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
 from daemon.submission import TaskSpec, parse_spec
+from tests import store_steps
 
 T0 = 3_000.0
 KEY = "m-1:DOWNLOAD_VIDEO"
@@ -33,7 +34,7 @@ def keyed_task_in(conn: sqlite3.Connection, status: S) -> str:
     """A task holding KEY, brought to `status` through the repository."""
     task_id = submit_keyed(conn).tasks[0].id
     if status in (S.CLAIMED, S.RUNNING, S.COMPLETED):
-        assert tasks.claim_next(conn, T0).id == task_id
+        assert store_steps.claim_next(conn, T0).id == task_id
     if status in (S.RUNNING, S.COMPLETED):
         tasks.start(conn, task_id, now=T0)
     if status is S.COMPLETED:
@@ -120,14 +121,14 @@ def test_batch_line_duplicating_an_active_task_resolves_to_it(conn: sqlite3.Conn
     assert tasks.get(conn, existing).workflow_run_id != sub.run_id
 
     # The dependents wait for the existing task, and follow it when it completes.
-    assert tasks.claim_next(conn, T0 + 2).id == existing
-    assert tasks.claim_next(conn, T0 + 2).id == probe.id
-    assert tasks.claim_next(conn, T0 + 2) is None
+    assert store_steps.claim_next(conn, T0 + 2).id == existing
+    assert store_steps.claim_next(conn, T0 + 2).id == probe.id
+    assert store_steps.claim_next(conn, T0 + 2) is None
     tasks.complete(conn, existing, {}, now=T0 + 3)
-    assert tasks.claim_next(conn, T0 + 4).id == transcode.id
-    assert tasks.claim_next(conn, T0 + 4) is None  # upload still waits for probe
+    assert store_steps.claim_next(conn, T0 + 4).id == transcode.id
+    assert store_steps.claim_next(conn, T0 + 4) is None  # upload still waits for probe
     tasks.complete(conn, probe.id, {}, now=T0 + 5)
-    assert tasks.claim_next(conn, T0 + 6).id == upload.id
+    assert store_steps.claim_next(conn, T0 + 6).id == upload.id
 
 
 def test_dependents_of_a_resolved_duplicate_are_cancelled_when_it_fails(conn: sqlite3.Connection) -> None:
@@ -175,9 +176,9 @@ def test_resolved_duplicate_and_its_id_are_one_dependency(conn: sqlite3.Connecti
     ]
     _, dependent = tasks.submit(conn, [parse_spec(line) for line in lines], now=T0 + 1).tasks
     assert tasks.get(conn, dependent.id).depends_on == (existing,)
-    assert tasks.claim_next(conn, T0 + 2).id == existing
+    assert store_steps.claim_next(conn, T0 + 2).id == existing
     tasks.complete(conn, existing, {}, now=T0 + 3)
-    claimed = tasks.claim_next(conn, T0 + 4)
+    claimed = store_steps.claim_next(conn, T0 + 4)
     assert claimed is not None and claimed.id == dependent.id
 
 

@@ -16,6 +16,7 @@ from daemon.engine.attempt import Attempt, Phase
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
 from executors.base import ExecuteResult
+from tests import store_steps
 
 T0 = 1_700_000_000.0
 
@@ -33,7 +34,7 @@ class RecordingChild:
 def running_task(tmp_path: Path) -> tuple[Any, Attempt]:
     conn = db.open_database(tmp_path / "fredica.db")
     tasks.submit(conn, [parse_spec({"type": "ECHO"})], now=T0)
-    claimed = tasks.claim_next(conn, T0)
+    claimed = store_steps.claim_next(conn, T0)
     assert claimed is not None
     started = tasks.start(conn, claimed.id, now=T0, known=claimed)
     # The loop applies the messages: they touch the executor process only to resume it.

@@ -20,6 +20,7 @@ from daemon.store import queues as queue_store
 from daemon.submission import TaskSpec, parse_spec
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
+from tests import store_steps
 
 NOW = 1000.0
 ROUTES = {"TRANSCODE_MP4": "media"}
@@ -51,14 +52,14 @@ def test_each_queue_claims_its_own_tasks_by_priority_then_submission_order(conn:
     assert tasks.claim_ready(conn, NOW, 10) == []
     assert [t.id for t in tasks.claim_ready(conn, NOW, 2, queue="media")] == media[:2]
     assert [t.id for t in tasks.claim_ready(conn, NOW, 2, queue="media")] == media[2:]
-    assert tasks.claim_next(conn, NOW, queue="nowhere") is None
+    assert store_steps.claim_next(conn, NOW, queue="nowhere") is None
 
 
 def test_the_claim_of_a_queue_is_a_lookup_in_the_ready_index_by_queue(conn: sqlite3.Connection) -> None:
     _submit(conn, *(TaskSpec(type="TRANSCODE_MP4", priority=9) for _ in range(50)), TaskSpec(type="ECHO"))
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
-    assert tasks.claim_next(conn, NOW) is not None
+    assert store_steps.claim_next(conn, NOW) is not None
     conn.set_trace_callback(None)
     select = next(sql for sql in traced if sql.lstrip().startswith("SELECT"))
     plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + select))
@@ -68,7 +69,7 @@ def test_the_claim_of_a_queue_is_a_lookup_in_the_ready_index_by_queue(conn: sqli
 def test_waiting_counts_by_queue(conn: sqlite3.Connection) -> None:
     _submit(conn, TaskSpec(type="TRANSCODE_MP4"), TaskSpec(type="TRANSCODE_MP4"), TaskSpec(type="ECHO"))
     assert queue_store.waiting(conn) == {"media": 2, "default": 1}
-    claimed = tasks.claim_next(conn, NOW, queue="media")
+    claimed = store_steps.claim_next(conn, NOW, queue="media")
     assert claimed is not None
     assert queue_store.waiting(conn) == {"media": 2, "default": 1}  # claimed still waits
     tasks.start(conn, claimed.id, now=NOW)
@@ -121,7 +122,7 @@ def test_tasks_of_an_older_database_go_to_default(db_path: Path) -> None:
     conn = db.open_database(db_path)
     task = tasks.get(conn, "t")
     assert (task.queue, task.queue_explicit) == ("default", False)
-    assert tasks.claim_next(conn, NOW) is not None
+    assert store_steps.claim_next(conn, NOW) is not None
     conn.close()
 
 

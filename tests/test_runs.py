@@ -12,6 +12,7 @@ from daemon.errors import UnknownRun
 from daemon.models import RunCounts, RunStatus
 from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
+from tests import store_steps
 from daemon.submission import TaskSpec
 
 T0 = 4_000.0
@@ -116,8 +117,7 @@ def test_stored_run_follows_its_tasks(conn: sqlite3.Connection, statuses: list[S
     # Recomputing from the task rows finds exactly what was maintained step by step, and a
     # `completed_at` once set does not move.
     incremental = run_row(conn, run_id)
-    with db.write(conn):
-        runs.recompute(conn, run_id, now=T0 + 999)
+    store_steps.recompute(conn, run_id, now=T0 + 999)
     assert run_row(conn, run_id) == incremental
 
 
@@ -149,8 +149,7 @@ def test_cascade_moves_the_counters_of_every_run_it_touches(conn: sqlite3.Connec
     run = runs.get(conn, down.run_id)
     assert run.counts == RunCounts(pending=1, cancelled=1)
     assert run.status is RunStatus.RUNNING  # pending beside a finished task
-    with db.write(conn):
-        assert runs.recompute(conn, down.run_id, now=T0 + 2) == run
+    assert store_steps.recompute(conn, down.run_id, now=T0 + 2) == run
 
 
 def test_reconcile_fixes_counters_corrupted_by_hand(conn: sqlite3.Connection) -> None:

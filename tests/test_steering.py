@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from executors import steering
+from executors import channel, steering
 from executors.steering import ControlReader
 from tests.conftest import wait_for
 
@@ -151,3 +151,15 @@ def test_a_forks_rehearsal_runs_clean_and_leaves_steering_idle(control: tuple[Co
     endpoint._rehearse(endpoint._rehearsal_assignment(), reader)  # raises if any step breaks
     assert reader._thread is None  # the command still waits for the real attempt
     assert reader.steer("task#1").cancel.is_set()
+
+
+def test_a_header_longer_than_any_command_stops_reading_rather_than_buffering() -> None:
+    commands = steering.Commands()
+    attempt = steering.Steering("task#1", ControlReader(-1))
+    commands.attach(attempt)
+    commands.feed(steering.command("pause", "task#1"))
+    assert not threading.Event.is_set(attempt.resume)
+    commands.feed((channel.MAX_MESSAGE + 1).to_bytes(4, "big") + b"x" * 100)
+    commands.feed(steering.command("resume", "task#1"))  # framing lost: nothing after it is a command
+    assert not threading.Event.is_set(attempt.resume)
+    assert commands._frames is None  # and nothing of the garbage is held

@@ -42,6 +42,7 @@ from daemon.errors import InvalidTransition, SubmissionRefused, UnknownRun, Unkn
 from daemon.models import DEPENDENCY_FAILED, TaskStatus
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
+from tests import store_steps
 
 PENDING, CLAIMED, RUNNING = "pending", "claimed", "running"
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
@@ -284,7 +285,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.now += CLAIM_TICK
         ready = self._ready()
         expected = min(ready, key=lambda t: (-t.priority, t.seq)).id if ready else None
-        claimed = tasks.claim_next(self.conn, self.now)
+        claimed = store_steps.claim_next(self.conn, self.now)
         # A claim first promotes retries whose delay has passed into the ready tasks.
         for waiting in self.model.values():
             if waiting.status == PENDING and 0 < waiting.not_before <= self.now:
@@ -677,11 +678,11 @@ def test_two_references_to_one_task_can_become_ready(conn: sqlite3.Connection, l
     submission = tasks.submit(conn, [parse_spec(line) for line in lines], now=1.0)
     last = submission.tasks[-1].id
     upstream = submission.tasks[0].id
-    claimed = tasks.claim_next(conn, 2.0)
+    claimed = store_steps.claim_next(conn, 2.0)
     assert claimed is not None and claimed.id == upstream
     tasks.start(conn, upstream, now=3.0)
     tasks.complete(conn, upstream, {"ok": True}, now=4.0)
-    while (claimed := tasks.claim_next(conn, 5.0)) is not None and claimed.id != last:
+    while (claimed := store_steps.claim_next(conn, 5.0)) is not None and claimed.id != last:
         tasks.complete(conn, claimed.id, {"ok": True}, now=5.0)
     assert claimed is not None and claimed.id == last, "the dependent never became ready"
 
@@ -698,10 +699,10 @@ def test_reference_by_key_and_by_id_of_an_existing_task(conn: sqlite3.Connection
     )
     dependent = submission.tasks[1].id
     assert conn.execute("SELECT unmet_deps FROM task WHERE id = ?", (dependent,)).fetchone()[0] == 1
-    tasks.claim_next(conn, 3.0)
+    store_steps.claim_next(conn, 3.0)
     tasks.start(conn, holder, now=3.0)
     tasks.complete(conn, holder, {}, now=4.0)
-    claimed = tasks.claim_next(conn, 5.0)
+    claimed = store_steps.claim_next(conn, 5.0)
     assert claimed is not None and claimed.id == dependent
 
 
@@ -722,7 +723,7 @@ def _claim_cost(conn: sqlite3.Connection, now: float) -> int:
 
     conn.set_progress_handler(tick, 10)
     try:
-        claimed = tasks.claim_next(conn, now)
+        claimed = store_steps.claim_next(conn, now)
     finally:
         conn.set_progress_handler(None, 0)
     assert claimed is not None and claimed.type == "READY"
@@ -733,7 +734,7 @@ def _waiting_mass(path: str, waiting: int, shape: str) -> sqlite3.Connection:
     """A database with `waiting` high-priority tasks that cannot be claimed, and 3 ready ones."""
     conn = db.open_database(path)
     gate = tasks.submit(conn, [parse_spec({"type": "GATE", "priority": 9})], now=1.0).tasks[0].id
-    tasks.claim_next(conn, 1.0)
+    store_steps.claim_next(conn, 1.0)
     tasks.start(conn, gate, now=1.0)
     if shape == "blocked":  # behind an unfinished dependency
         mass = [parse_spec({"type": "BLOCKED", "priority": 5, "depends_on": [gate]}) for _ in range(waiting)]

@@ -13,6 +13,7 @@ from daemon.models import RunStatus
 from daemon.models import TaskStatus as S
 from daemon.store import runs, tasks
 from daemon.submission import MAX_PRIORITY, MAX_RETRIES, parse_spec
+from tests import store_steps
 
 T0 = 2_000.0
 
@@ -224,7 +225,7 @@ def test_valid_batch_is_one_adhoc_run(conn: sqlite3.Connection, stored: dict[str
 
     # Only the download is ready (the stored pending task from the fixture is ready too).
     ready = []
-    while (claimed := tasks.claim_next(conn, T0 + 2)) is not None:
+    while (claimed := store_steps.claim_next(conn, T0 + 2)) is not None:
         ready.append(claimed.id)
     assert ready == [stored["pending"], download.id]
 
@@ -253,10 +254,10 @@ def test_single_task_gets_its_own_run(conn: sqlite3.Connection) -> None:
 def test_dependency_on_a_stored_pending_task_waits_for_it(conn: sqlite3.Connection) -> None:
     (upstream,) = submit(conn, [{"type": "A"}]).tasks
     (downstream,) = submit(conn, [{"type": "B", "depends_on": [upstream.id], "priority": 9}]).tasks
-    assert tasks.claim_next(conn, T0).id == upstream.id
-    assert tasks.claim_next(conn, T0) is None
+    assert store_steps.claim_next(conn, T0).id == upstream.id
+    assert store_steps.claim_next(conn, T0) is None
     tasks.complete(conn, upstream.id, {}, now=T0)
-    assert tasks.claim_next(conn, T0).id == downstream.id
+    assert store_steps.claim_next(conn, T0).id == downstream.id
 
 
 def test_a_dependency_id_in_capitals_names_the_same_task(conn: sqlite3.Connection) -> None:
@@ -272,9 +273,9 @@ def test_a_dependency_id_in_capitals_names_the_same_task(conn: sqlite3.Connectio
 def test_repeated_dependency_is_stored_once(conn: sqlite3.Connection) -> None:
     a, b = submit(conn, [{"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a", "a"]}]).tasks
     assert tasks.get(conn, b.id).depends_on == (a.id,)
-    assert tasks.claim_next(conn, T0).id == a.id
+    assert store_steps.claim_next(conn, T0).id == a.id
     tasks.complete(conn, a.id, {}, now=T0)
-    assert tasks.claim_next(conn, T0).id == b.id
+    assert store_steps.claim_next(conn, T0).id == b.id
 
 
 def test_same_dependency_by_key_and_by_id_is_one_dependency(conn: sqlite3.Connection) -> None:
@@ -282,9 +283,9 @@ def test_same_dependency_by_key_and_by_id_is_one_dependency(conn: sqlite3.Connec
     explicit = str(uuid.uuid4())
     lines = [{"type": "A", "key": "a", "id": explicit}, {"type": "B", "depends_on": ["a", explicit]}]
     a, b = submit(conn, lines).tasks
-    assert tasks.claim_next(conn, T0).id == a.id
+    assert store_steps.claim_next(conn, T0).id == a.id
     tasks.complete(conn, a.id, {}, now=T0)
-    claimed = tasks.claim_next(conn, T0)
+    claimed = store_steps.claim_next(conn, T0)
     assert claimed is not None and claimed.id == b.id
     assert tasks.get(conn, b.id).depends_on == (a.id,)
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from daemon import cli, config, templates
 from daemon.config import ConfigError
 from daemon.submission import SubmissionRefused
+from tests import store_steps
 
 PIPELINE = """
 [templates.echo_chain]
@@ -172,9 +173,9 @@ def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: 
     )
     conn = db.open_database(tmp_path / "fredica.db")
     download, transcode = tasks.submit(conn, parse(text)["t"].instantiate({}), now=1.0).tasks
-    tasks.start(conn, tasks.claim_next(conn, 2.0).id, now=2.0)
+    tasks.start(conn, store_steps.claim_next(conn, 2.0).id, now=2.0)
     tasks.complete(conn, download.id, {"echo": {"output": "/media/a.mkv"}}, now=3.0)
-    tasks.start(conn, tasks.claim_next(conn, 4.0).id, now=4.0)
+    tasks.start(conn, store_steps.claim_next(conn, 4.0).id, now=4.0)
     recovery.recover(conn, now=5.0)  # the daemon died while the transcode ran
     (entry,) = restarts.list_entries(conn)
     copy_id = recovery.recreate(conn, entry.id, now=6.0).tasks[0].id

@@ -13,6 +13,7 @@ from daemon.errors import InvalidTransition, UnknownTask
 from daemon.models import TaskStatus as S
 from daemon.store import runs, tasks
 from daemon.submission import parse_spec
+from tests import store_steps
 
 # SPEC §3 written out again, so the table in models.py is checked against the contract, not itself.
 SPEC_ALLOWED = {
@@ -62,7 +63,7 @@ def task_in(conn: sqlite3.Connection, status: S) -> tuple[str, str]:
     if status is S.CANCELLED:
         tasks.cancel(conn, task_id, now=T0 + 1)
     elif status is not S.PENDING:
-        claimed = tasks.claim_next(conn, T0 + 1)
+        claimed = store_steps.claim_next(conn, T0 + 1)
         assert claimed is not None and claimed.id == task_id
         if status is not S.CLAIMED:
             tasks.start(conn, task_id, now=T0 + 2, executor_pid=4242, executor_started_at=T0 + 2)
@@ -114,22 +115,22 @@ def test_allowed_transition(conn: sqlite3.Connection, pair: tuple[S, S]) -> None
         assert after.progress == 100
         # The dependent is unblocked: it is the next task claimed.
         assert dependent.status is S.PENDING
-        assert tasks.claim_next(conn, now + 1).id == dependent_id
+        assert store_steps.claim_next(conn, now + 1).id == dependent_id
     elif target in (S.FAILED, S.CANCELLED):
         assert dependent.status is S.CANCELLED
         assert dependent.error_type == models.DEPENDENCY_FAILED
         assert dependent.completed_at == now
-        assert tasks.claim_next(conn, now + 1) is None
+        assert store_steps.claim_next(conn, now + 1) is None
     elif target is S.PENDING:
         # Back in the queue, claimable again; its dependent still waits.
         assert after.is_paused is False
         assert after.executor_pid is None
         assert dependent.status is S.PENDING
-        assert tasks.claim_next(conn, now + 1).id == task_id
+        assert store_steps.claim_next(conn, now + 1).id == task_id
         assert after.started_at == before.started_at
     else:
         assert dependent.status is S.PENDING
-        assert tasks.claim_next(conn, now + 1) is None
+        assert store_steps.claim_next(conn, now + 1) is None
 
 
 @pytest.mark.parametrize("pair", sorted(DISALLOWED), ids=_pair_id)
@@ -195,7 +196,7 @@ def test_started_at_keeps_the_first_start_across_a_retry(
     conn: sqlite3.Connection, back_to_pending: str
 ) -> None:
     task_id = tasks.submit(conn, [parse_spec({"type": "T", "max_retries": 3})], now=T0).tasks[0].id
-    assert tasks.claim_next(conn, T0 + 1).id == task_id
+    assert store_steps.claim_next(conn, T0 + 1).id == task_id
     first = tasks.start(conn, task_id, now=T0 + 2)
     assert first.started_at == T0 + 2
     if back_to_pending == "retry":
@@ -209,7 +210,7 @@ def test_started_at_keeps_the_first_start_across_a_retry(
     assert again.started_at == T0 + 2
     assert again.completed_at is None
 
-    reclaimed = tasks.claim_next(conn, T0 + 4)
+    reclaimed = store_steps.claim_next(conn, T0 + 4)
     assert reclaimed.id == task_id
     assert reclaimed.claimed_at == T0 + 4
     restarted = tasks.start(conn, task_id, now=T0 + 5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Collection, Mapping
 
+from daemon.store import statuses
 from daemon.store.db import write
 
 
@@ -36,7 +37,7 @@ def waiting(conn: sqlite3.Connection) -> dict[str, int]:
     return dict(
         conn.execute(
             "SELECT queue, count(*) FROM task INDEXED BY task_waiting_by_queue"
-            " WHERE status IN ('pending', 'claimed') GROUP BY queue"
+            f" WHERE status IN ({statuses.WAITING}) GROUP BY queue"
         ).fetchall()
     )
 
@@ -52,7 +53,7 @@ def reroute(conn: sqlite3.Connection, routes: Mapping[str, str], names: Collecti
         rows = conn.execute(
             f"""
             UPDATE task SET queue = {route_sql}, queue_explicit = 0
-            WHERE status = 'pending' AND (queue_explicit = 0 OR queue NOT IN ({marks})) AND queue != {route_sql}
+            WHERE status = {statuses.PENDING} AND (queue_explicit = 0 OR queue NOT IN ({marks})) AND queue != {route_sql}
             RETURNING queue
             """,
             [*route_params, *names, *route_params],

@@ -2,7 +2,7 @@
 
 A run's status is never written by callers. Its per-status task counters move in the same
 transaction as every task transition (`shift_counts`), and the status is derived from them by
-`scheduler.run_status`; `recompute` rebuilds the counters from the task rows themselves.
+`scheduler.run_status`; `reconcile_non_terminal` rebuilds them from the task rows themselves.
 """
 
 from __future__ import annotations
@@ -144,12 +144,6 @@ def counts_from_tasks(conn: sqlite3.Connection, run_id: str) -> RunCounts:
     ).fetchall()
     by_status = {TaskStatus(status).value: count for status, count in rows}
     return RunCounts(**by_status)
-
-
-def recompute(conn: sqlite3.Connection, run_id: str, now: float) -> WorkflowRun:
-    """Rebuild the run's counters and status from its tasks; used by reconciliation."""
-    with write(conn):
-        return _apply_counts(conn, get(conn, run_id), counts_from_tasks(conn, run_id), now)
 
 
 def _apply_counts(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> WorkflowRun:

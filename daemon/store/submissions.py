@@ -14,13 +14,10 @@ from typing import Mapping, Sequence
 
 from daemon.errors import SubmissionRefused
 from daemon.models import TaskStatus
-from daemon.store import runs
+from daemon.store import runs, statuses
 from daemon.store.db import write
 from daemon.submission import TaskSpec, resolve_batch
 
-# Spelled exactly as in the partial index `task_active_idempotency`: SQLite matches the upsert's
-# conflict target against the index's WHERE clause term by term.
-ACTIVE_SQL = "'pending', 'claimed', 'running'"
 # A dependency in one of these can never complete: a task depending on it is cancelled at once
 # rather than refused, so what a script sees never depends on how fast its upstream failed.
 DEAD = (TaskStatus.FAILED, TaskStatus.CANCELLED)
@@ -31,9 +28,9 @@ INSERT_TASK = f"""
     INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
         payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, queue,
         queue_explicit, created_at)
-    VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, {statuses.PENDING}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (idempotency_key)
-        WHERE idempotency_key IS NOT NULL AND status IN ({ACTIVE_SQL}) DO NOTHING
+        WHERE idempotency_key IS NOT NULL AND status IN ({statuses.ACTIVE}) DO NOTHING
     RETURNING seq
 """
 INSERT_DEPENDENCY = "INSERT OR IGNORE INTO task_dependency (depends_on_seq, task_seq) VALUES (?, ?)"
@@ -190,7 +187,7 @@ def _insert(
 
 def _active_with_key(conn: sqlite3.Connection, key: str | None) -> sqlite3.Row:
     row = conn.execute(
-        f"SELECT id, seq, status FROM task WHERE idempotency_key = ? AND status IN ({ACTIVE_SQL})",
+        f"SELECT id, seq, status FROM task WHERE idempotency_key = ? AND status IN ({statuses.ACTIVE})",
         (key,),
     ).fetchone()
     assert row is not None, "the insert conflicted, so an active task holds the key"

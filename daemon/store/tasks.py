@@ -15,9 +15,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import runs, submissions
+from daemon.store import runs, statuses, submissions
 from daemon.store.db import write
-from daemon.store.submissions import ACTIVE_SQL, Submission, SubmittedTask  # noqa: F401 (the repository's API)
+from daemon.store.submissions import Submission, SubmittedTask  # noqa: F401 (the repository's API)
 from daemon.submission import TaskSpec
 
 # Columns a transition may set besides the status and the timestamps it sets itself.
@@ -190,9 +190,9 @@ def _result_json(result: Any) -> str:
 
 def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
     conn.executemany(
-        """
+        f"""
         UPDATE task SET unmet_deps = unmet_deps - 1
-        WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?) AND status = 'pending'
+        WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?) AND status = {statuses.PENDING}
         """,
         [(seq,) for seq in completed_seqs],
     )
@@ -211,7 +211,7 @@ def _cascade_cancel(conn: sqlite3.Connection, ended: Sequence[Mapping[str, Any]]
                 SELECT d.task_seq FROM task_dependency AS d JOIN downstream ON d.depends_on_seq = downstream.seq
             )
             SELECT t.seq, t.id, t.status, t.workflow_run_id FROM task AS t JOIN downstream USING (seq)
-            WHERE t.status = 'pending'
+            WHERE t.status = {statuses.PENDING}
             """,
             [row["seq"] for row in chunk],
         ).fetchall()
@@ -300,12 +300,6 @@ def submit(
 # --- the transitions the supervisor makes -------------------------------------------------------
 
 
-def claim_next(conn: sqlite3.Connection, now: float, queue: str = "default") -> Task | None:
-    """Claim the ready task of `queue` that comes first (priority, then submission order), or None."""
-    claimed = claim_ready(conn, now, 1, queue=queue)
-    return claimed[0] if claimed else None
-
-
 def claim_ready(
     conn: sqlite3.Connection, now: float, limit: int, *, queue: str = "default", promote_delayed: bool = True
 ) -> list[Task]:
@@ -326,13 +320,13 @@ def claim_ready(
                 # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e. every
                 # pending task, blocked ones included, on every claim.
                 "UPDATE task INDEXED BY task_delayed SET not_before = 0"
-                " WHERE status = 'pending' AND not_before > 0 AND not_before <= ?",
+                f" WHERE status = {statuses.PENDING} AND not_before > 0 AND not_before <= ?",
                 (now,),
             )
         rows = conn.execute(
-            """
+            f"""
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
-            WHERE queue = ? AND status = 'pending' AND unmet_deps = 0 AND not_before = 0
+            WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0
             ORDER BY priority DESC, seq LIMIT ?
             """,
             (queue, limit),
@@ -346,7 +340,7 @@ def claim_ready(
 def next_ready_at(conn: sqlite3.Connection) -> float | None:
     """The earliest time a task waiting out its retry delay becomes claimable, if any."""
     row = conn.execute(
-        "SELECT min(not_before) FROM task INDEXED BY task_delayed WHERE status = 'pending' AND not_before > 0"
+        f"SELECT min(not_before) FROM task INDEXED BY task_delayed WHERE status = {statuses.PENDING} AND not_before > 0"
     ).fetchone()
     return row[0]
 
@@ -451,7 +445,7 @@ def cancel_waiting_in_run(
             raise UnknownRun(f"no workflow run has id {run_id}")
         rows = conn.execute(
             f"""SELECT seq, id, status, workflow_run_id FROM task
-                WHERE workflow_run_id = ? AND status IN ({ACTIVE_SQL}) ORDER BY seq""",
+                WHERE workflow_run_id = ? AND status IN ({statuses.ACTIVE}) ORDER BY seq""",
             (run_id,),
         ).fetchall()
         waiting = [r for r in rows if r["status"] != TaskStatus.RUNNING.value]
@@ -471,7 +465,7 @@ def cancel_waiting_in_run(
 
 def _update_running(conn: sqlite3.Connection, task_id: str, sql: str, params: Sequence[Any]) -> bool:
     with write(conn):
-        cursor = conn.execute(f"UPDATE task SET {sql} WHERE id = ? AND status = 'running'", (*params, task_id))
+        cursor = conn.execute(f"UPDATE task SET {sql} WHERE id = ? AND status = {statuses.RUNNING}", (*params, task_id))
         return cursor.rowcount == 1
 
 
@@ -490,7 +484,7 @@ def record_pause_states(conn: sqlite3.Connection, states: Sequence[tuple[str, bo
     tasks no longer running are left alone."""
     with write(conn):
         conn.executemany(
-            "UPDATE task SET is_paused = ?, is_pausable = ? WHERE id = ? AND status = 'running'",
+            f"UPDATE task SET is_paused = ?, is_pausable = ? WHERE id = ? AND status = {statuses.RUNNING}",
             [(int(paused), int(pausable), task_id) for task_id, paused, pausable in states],
         )
 
@@ -499,7 +493,7 @@ def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> 
     """Stamp `heartbeat_at` of running tasks whose executors are alive."""
     with write(conn):
         conn.executemany(
-            "UPDATE task SET heartbeat_at = ? WHERE id = ? AND status = 'running'",
+            f"UPDATE task SET heartbeat_at = ? WHERE id = ? AND status = {statuses.RUNNING}",
             [(now, task_id) for task_id in task_ids],
         )
 
@@ -509,8 +503,8 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, 
     how many were running (others are left alone)."""
     with write(conn):
         return conn.executemany(
-            """UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)
-               WHERE id = ? AND status = 'running'""",
+            f"""UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)
+               WHERE id = ? AND status = {statuses.RUNNING}""",
             [(max(0, min(100, int(p))), text, task_id) for task_id, p, text in updates],
         ).rowcount
 
@@ -529,7 +523,7 @@ def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
     with write(conn):
         return _transition(
             conn,
-            _rows(conn, "status = 'running'"),
+            _rows(conn, f"status = {statuses.RUNNING}"),
             TaskStatus.FAILED,
             now=now,
             fields={"error": "interrupted: the supervisor stopped while the task ran", "error_type": models.INTERRUPTED},
@@ -539,7 +533,7 @@ def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
 def requeue_claimed(conn: sqlite3.Connection, *, now: float) -> list[Task]:
     """Every `claimed` task → pending: it never started, so it can safely run again."""
     with write(conn):
-        return _transition(conn, _rows(conn, "status = 'claimed'"), TaskStatus.PENDING, now=now)
+        return _transition(conn, _rows(conn, f"status = {statuses.CLAIMED}"), TaskStatus.PENDING, now=now)
 
 
 def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:
@@ -547,7 +541,7 @@ def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:
     with write(conn):
         rows = _rows(
             conn,
-            f"status IN ({ACTIVE_SQL}) AND NOT EXISTS (SELECT 1 FROM workflow_run WHERE workflow_run.id = task.workflow_run_id)",
+            f"status IN ({statuses.ACTIVE}) AND NOT EXISTS (SELECT 1 FROM workflow_run WHERE workflow_run.id = task.workflow_run_id)",
         )
         return _transition(
             conn,

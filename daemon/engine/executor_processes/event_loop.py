@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 import psutil
 import structlog
 
-from daemon import pipes, processes
+from daemon import processes
 from daemon.engine.executor_processes.base import ExecutorProcess
+from executors import framing
 
 if TYPE_CHECKING:
     from daemon.engine.attempt import Attempt
@@ -51,7 +52,7 @@ class EventLoopProcess(ExecutorProcess):
     _outgoing: collections.deque[memoryview] = dataclasses.field(default_factory=collections.deque, repr=False)
 
     def _send(self, data: bytes) -> None:
-        self._outgoing.append(memoryview(pipes.frame_header(len(data)) + data))
+        self._outgoing.append(memoryview(framing.header(len(data), long_sizes=True) + data))
         self.send_more()
 
     def unsent(self) -> int | None:
