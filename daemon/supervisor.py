@@ -345,6 +345,7 @@ class Supervisor:
                 self._handoff.note_commit()
                 answers = []
                 self._stops = []  # committed: a rollback of what follows must not undo them
+                queues_before = self.queues.state()  # nor the queues' pauses and sizes
                 self._flush_outbox()  # the requests' commands to their processes
             with db.write(self.conn):
                 # Requests first, then the clock: a task submitted by a request is stamped before
@@ -700,13 +701,16 @@ class Supervisor:
         if drained.exitcode is not None:
             for rt in going.values():
                 rt.exited(drained.exitcode, now)
-        elif process.status.broken and process.is_alive() and any(not rt.finishing for rt in going.values()):
+        elif process.status.broken and process.is_alive() and (
+            process.holds_many or any(not rt.finishing for rt in going.values())
+        ):
             # Garbled: the attempt can report nothing more, not even its result. End it, so that
             # it is recorded as CRASHED (a launcher then reports its fork's exit) and not left to
-            # run with no one listening.
+            # run with no one listening. A process that holds several is ended whole even if
+            # each has reported: only its exit concludes them now (it takes no more).
             log.warning("executor_channel_broken", pid=process.pid, tasks=[rt.task.id for rt in going.values()],
                         reason=process.status.close_reason)
-            process.kill_attempt() if not process.holds_many else process.kill()
+            process.kill() if process.holds_many else process.kill_attempt()
 
     def _write_mirrors(self, now: float, only: Attempt | None = None) -> None:
         """Write what the task rows mirror of running attempts: pause states at once, progress at

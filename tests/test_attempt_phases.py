@@ -21,6 +21,8 @@ GRACE = 5.0
 class FakeProcess:
     """The calls an attempt makes on its process, recorded; `takes_another` as the test says."""
 
+    holds_many = False
+
     def __init__(self, takes_another: bool = True) -> None:
         self.calls: list[str] = []
         self.takes = takes_another

@@ -9,6 +9,8 @@ cancel or a pause) is tested with real ones in tests/test_supervisor.py and test
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -16,9 +18,10 @@ import threading
 
 import pytest
 
-from daemon import models
+from daemon import faults, models
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
+from daemon.store import queues as queue_store
 from daemon.store import tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
@@ -290,3 +293,106 @@ def test_an_event_loop_whose_heartbeat_stops_is_killed_and_its_attempts_crash(
     third = s.submit("UNTIL_CANCELLED")
     s.at(9.03)
     assert s.process(third) is not fake  # a new process serves
+
+
+# --- regressions found in review: a rolled-back tick leaves memory as if it never ran -----------
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The store's `name` meets a full disk once, then works."""
+    real = getattr(tasks, name)
+    armed = [True]
+
+    def full_once(*args: Any, **kwargs: Any) -> Any:
+        if armed.pop() if armed else False:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, name, full_once)
+
+
+def test_a_committed_queue_pause_survives_a_rollback_of_the_rest_of_its_tick(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped()
+    s.at(1.0)
+    s.submit("ECHO")
+    s.at(2.0)  # running: the tick stamps heartbeats
+    fail_once(monkeypatch, "heartbeat")
+    s.sup._next_heartbeat = 0.0
+    # The pause commits in the requests' own transaction; the heartbeat's then fails.
+    assert s.request(3.0, lambda: s.sup.set_queue_paused("default", True)) is True
+    assert s.sup.fault is not None
+    assert s.sup.queues.paused == {"default"} == queue_store.paused(s.sup.conn)
+
+
+def test_a_refused_cancel_does_not_relabel_an_attempt_that_ended_in_its_tick(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped()
+    s.at(1.0)
+    task_id = s.submit("ECHO", max_retries=3)
+    s.at(2.0)
+    s.process(task_id).result(error="boom", error_type="EXCEPTION")
+    fail_once(monkeypatch, "claim_ready")
+    answer: list[Any] = []
+
+    def client() -> None:
+        try:
+            answer.append(s.sup.cancel(task_id))
+        except BaseException as exc:  # noqa: BLE001 (the refusal is what the test looks at)
+            answer.append(exc)
+
+    caller = threading.Thread(target=client)
+    caller.start()
+    wait_for(s.sup._handoff.pending, timeout=5)
+    # The cancel arrives after the tick's first look: the main transaction runs it, reads the
+    # attempt's failure in the same tick, and is rolled back at the claim.
+    real_pending, looks = s.sup._handoff.pending, [0]
+
+    def pending() -> int:
+        looks[0] += 1
+        return 0 if looks[0] == 1 else real_pending()
+
+    monkeypatch.setattr(s.sup._handoff, "pending", pending)
+    s.sup.tick(3.0)
+    caller.join(5)
+    assert isinstance(answer[0], faults.DatabaseFault)  # "nothing was changed"
+    monkeypatch.setattr(s.sup._handoff, "pending", real_pending)
+    s.at(100.0)
+    task = s.task(task_id)
+    assert task.status is not TaskStatus.CANCELLED and task.retry_count == 1  # retried, as without the cancel
+
+
+def test_an_event_loop_process_whose_channel_breaks_after_every_result_is_ended_and_they_conclude(
+    stepped: Callable[..., Stepped],
+) -> None:
+    s = stepped(cancel_grace=5.0)
+    s.at(1.0)
+    task_id = s.submit("UNTIL_CANCELLED")
+    s.at(2.0)
+    fake = s.process(task_id)
+    fake.heartbeat()
+    fake.result({"ok": 1})
+    os.write(fake._writers["status"], b"\x00\x00\x00\x05notjs")  # garbled after the result
+    timeouts = [s.at(float(t)) for t in range(3, 8)]
+    assert not s.sup.running and s.task(task_id).status is TaskStatus.COMPLETED
+    assert min(timeouts[1:]) > 0  # no spin
+
+
+def test_an_idle_event_loop_process_that_died_is_closed_when_the_next_attempt_needs_one(
+    stepped: Callable[..., Stepped],
+) -> None:
+    s = stepped()
+    s.at(1.0)
+    first = s.submit("UNTIL_CANCELLED")
+    s.at(2.0)
+    fake = s.process(first)
+    fake.result({"ok": 1})
+    s.at(3.0)
+    assert s.task(first).status is TaskStatus.COMPLETED and fake.holding == 0
+    fake.process_exit(1)  # dies idle; the next attempt's take() finds it so before any tick does
+    second = s.submit("UNTIL_CANCELLED")
+    s.at(4.0)
+    assert s.process(second) is not fake
+    assert list(s.sup.loops["default"]) == [s.process(second)]  # the dead one closed, not kept

@@ -134,10 +134,12 @@ class Attempt:
 
     def undo_stop(self, phase: Phase, reason: str | None) -> None:
         """A user's stop whose tick was rolled back: it never happened (`phase`, `reason`: as the
-        attempt was before it)."""
+        attempt was before it). An attempt that reported or exited in that same tick keeps its
+        phase (its outcome is real), but not the stop's reason, which would relabel it."""
+        self.stop_reason = reason
+        self.entered.pop(Phase.STOPPING, None)
         if self.phase is Phase.STOPPING:
-            self.entered.pop(Phase.STOPPING, None)
-            self.phase, self.stop_reason = phase, reason
+            self.phase = phase
 
     def report(self, result: ExecuteResult, now: float) -> None:
         """Its result came; a second one (a confused executor) is ignored."""
@@ -174,7 +176,9 @@ class Attempt:
             self._advance(Phase.KILLED, now)
         elif self.phase is Phase.REPORTED and not self.process.takes_another(self):
             self.log.warning("executor_stuck_after_result", after=grace)
-            self.process.kill_attempt()
+            # A process that holds several has no tree of this attempt's own: it is ended whole
+            # (it takes no more attempts, and only its exit now concludes this one).
+            self.process.kill() if self.process.holds_many else self.process.kill_attempt()
 
     # --- what the phases say ---------------------------------------------------------------------
 

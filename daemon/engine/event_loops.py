@@ -42,7 +42,8 @@ class EventLoops:
     def take(self) -> EventLoopProcess:
         """The process for the next attempt: a new one while there are fewer than `processes`,
         else the one holding fewest attempts."""
-        self._serving = [p for p in self._serving if self._still_serving(p)]
+        for process in [p for p in self._serving if not self._still_serving(p)]:
+            self._retire(process)
         if len(self._serving) < self.processes:
             started = self._start_process(self._context, "event_loop")
             assert isinstance(started, EventLoopProcess)
@@ -78,9 +79,7 @@ class EventLoops:
         have held nothing for longer than `idle_timeout` (one is started again when needed)."""
         for process in list(self._serving):
             if not self._still_serving(process):
-                self._serving.remove(process)
-                if process.holding <= 0:
-                    self._close(process)
+                self._retire(process)
             elif process.holding > 0:
                 self._idle_since.pop(process.pid, None)
             elif now - self._idle_since.setdefault(process.pid, now) > self.idle_timeout:
@@ -101,6 +100,13 @@ class EventLoops:
                 self._ending.append(process)
             return False
         return True
+
+    def _retire(self, process: EventLoopProcess) -> None:
+        """Out of service (dead, blocked or its channel closed): closed now if it holds nothing,
+        else once its last attempt is put back."""
+        self._serving.remove(process)
+        if process.holding <= 0:
+            self._close(process)
 
     def _close(self, process: EventLoopProcess, reason: str = "ended") -> None:
         if process in self._ending:
