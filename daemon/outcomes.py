@@ -49,6 +49,8 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, at: Attempt, no
         error, error_type = f"timed out after {at.task.timeout:g} s", models.TIMEOUT
     elif at.stop_reason == "cancel" and not succeeded:
         error, error_type = "cancelled by user", models.CANCELLED
+    elif result is None and at.send_error is not None:
+        error, error_type = f"the task could not be sent to its executor process: {at.send_error}", models.CRASHED
     elif result is None and at.process.status.oversized is not None:
         # Refused at its header (the channel is then closed, and the attempt ended).
         error = (f"the executor sent a message of {at.process.status.oversized} bytes, more than a result "
@@ -88,6 +90,8 @@ def note_ending(settings: Settings, at: Attempt, refused: str | None, outcome: s
     at.ending_noted = True
     if refused is not None:
         what = f"the result was refused ({refused})"
+    elif at.send_error is not None:
+        what = f"the task could not be sent to its executor process ({at.send_error})"
     else:
         exit = describe_exit(at.exitcode)
         timeout = f" ({at.task.timeout:g} s)" if at.task.timeout is not None else ""

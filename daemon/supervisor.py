@@ -645,9 +645,15 @@ class Supervisor:
                 cancel_grace=self.settings.cancel_grace,
             )
         except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            rt.log.warning("executor_lost", pid=child.pid, error=error)
+            if child.holds_many:
+                # The other attempts of a shared process are not to pay for this one: nothing of
+                # it was sent, so it ends here (CRASHED), and the process goes on.
+                rt.not_sent(error, now)
+                return
             # Died just now, or the task could not be sent: end the process, so that the loop
             # finds it gone and records the attempt as CRASHED rather than wait for it forever.
-            rt.log.warning("executor_lost", pid=child.pid, error=f"{type(exc).__name__}: {exc}")
             child.kill()
             return
         rt.handed_over(now)

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from daemon import faults, models
+from daemon import faults, models, paths
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
 from daemon.store import queues as queue_store
@@ -396,3 +396,31 @@ def test_an_idle_event_loop_process_that_died_is_closed_when_the_next_attempt_ne
     s.at(4.0)
     assert s.process(second) is not fake
     assert list(s.sup.loops["default"]) == [s.process(second)]  # the dead one closed, not kept
+
+
+def test_a_task_that_cannot_be_sent_to_a_shared_event_loop_process_crashes_alone(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped()
+    s.at(1.0)
+    beside = s.submit("UNTIL_CANCELLED")
+    s.at(2.0)
+    fake = s.process(beside)
+    unsendable = s.submit("UNTIL_CANCELLED")
+    real_private_dir = paths.private_dir
+
+    def full(path: Any) -> None:  # the task's log directory cannot be made: the hand-over fails
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(paths, "private_dir", full)
+    s.at(3.0)
+    monkeypatch.setattr(paths, "private_dir", real_private_dir)
+    s.at(4.0)
+    failed = s.task(unsendable)
+    assert failed.status is TaskStatus.FAILED and failed.error_type == models.CRASHED
+    assert "could not be sent to its executor process: OSError" in (failed.error or "")
+    # The process, and the attempt it holds, go on.
+    assert fake.is_alive() and s.task(beside).status is TaskStatus.RUNNING and fake.holding == 1
+    fake.result({"ok": 1}, token=s.sup.running[beside].token)
+    s.at(5.0)
+    assert s.task(beside).status is TaskStatus.COMPLETED

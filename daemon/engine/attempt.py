@@ -100,6 +100,7 @@ class Attempt:
     last_progress: tuple[int, str | None] | None = None  # latest value, written or not
     progress_written_at: float = 0.0
     ending_noted: bool = False  # the supervisor's line on how it ended is in the task's log
+    send_error: str | None = None  # why its assignment never reached its process (`not_sent`)
 
     def __post_init__(self) -> None:
         self.entered.setdefault(self.phase, self.started_at)
@@ -154,6 +155,12 @@ class Attempt:
         if self.phase in (Phase.EXITED, Phase.ENDED):
             return
         self.exitcode = exitcode
+        self._advance(Phase.EXITED, now)
+
+    def not_sent(self, error: str, now: float) -> None:
+        """Its assignment could not be sent (`error`), and its process goes on without it: over,
+        with nothing run."""
+        self.send_error = error
         self._advance(Phase.EXITED, now)
 
     def end(self, now: float) -> None:
