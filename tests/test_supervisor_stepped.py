@@ -295,6 +295,14 @@ def test_an_event_loop_whose_heartbeat_stops_is_killed_and_its_attempts_crash(
     assert s.process(third) is not fake  # a new process serves
 
 
+def an_async_attempt(s: Stepped) -> tuple[str, Any]:
+    """An UNTIL_CANCELLED task running (from t=2) in a fake event-loop process: its id and the process."""
+    s.at(1.0)
+    task_id = s.submit("UNTIL_CANCELLED")
+    s.at(2.0)
+    return task_id, s.process(task_id)
+
+
 # --- regressions found in review: a rolled-back tick leaves memory as if it never ran -----------
 
 
@@ -368,10 +376,7 @@ def test_an_event_loop_process_whose_channel_breaks_after_every_result_is_ended_
     stepped: Callable[..., Stepped],
 ) -> None:
     s = stepped(cancel_grace=5.0)
-    s.at(1.0)
-    task_id = s.submit("UNTIL_CANCELLED")
-    s.at(2.0)
-    fake = s.process(task_id)
+    task_id, fake = an_async_attempt(s)
     fake.heartbeat()
     fake.result({"ok": 1})
     os.write(fake._writers["status"], b"\x00\x00\x00\x05notjs")  # garbled after the result
@@ -384,10 +389,7 @@ def test_an_idle_event_loop_process_that_died_is_closed_when_the_next_attempt_ne
     stepped: Callable[..., Stepped],
 ) -> None:
     s = stepped()
-    s.at(1.0)
-    first = s.submit("UNTIL_CANCELLED")
-    s.at(2.0)
-    fake = s.process(first)
+    first, fake = an_async_attempt(s)
     fake.result({"ok": 1})
     s.at(3.0)
     assert s.task(first).status is TaskStatus.COMPLETED and fake.holding == 0
@@ -402,10 +404,7 @@ def test_a_task_that_cannot_be_sent_to_a_shared_event_loop_process_crashes_alone
     stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = stepped()
-    s.at(1.0)
-    beside = s.submit("UNTIL_CANCELLED")
-    s.at(2.0)
-    fake = s.process(beside)
+    beside, fake = an_async_attempt(s)
     unsendable = s.submit("UNTIL_CANCELLED")
     real_private_dir = paths.private_dir
 
