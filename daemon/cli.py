@@ -170,13 +170,18 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
         if given:
             flags = ", ".join(given)
             raise click.UsageError(f"{flags} cannot be combined with --batch (put the fields in the file)")
-        specs = specs_input.read_batch(batch)
-    else:
-        from daemon import submission
+        specs, numbers = specs_input.read_numbered_batch(batch)
+        try:
+            reply = call("submit", tasks=specs)
+        except FredicaError as exc:
+            raise specs_input.batch_line_error(exc, numbers) from None
+        _echo_submitted(reply)
+        return
+    from daemon import submission
 
-        specs = [specs_input.spec_from_options(task_type, options)]
-        submission.parse_spec(specs[0])
-    # A single task's run is about its material too (a batch takes none: refused above).
+    specs = [specs_input.spec_from_options(task_type, options)]
+    submission.parse_spec(specs[0])
+    # A single task's run is about its material too.
     material = {} if options["material_id"] is None else {"material_id": options["material_id"]}
     _echo_submitted(call("submit", tasks=specs, **material))
 
@@ -490,6 +495,30 @@ def list_queues(as_json: bool) -> None:
         echo_json(rows)
     else:
         echo_lines(render.queue_table(rows))
+
+
+@command(main, "types")
+@json_option
+def list_types(as_json: bool) -> None:
+    """List the executor types: pausable or not, payload keys, what each does."""
+    rows = call("types")
+    if as_json:
+        echo_json(rows)
+    else:
+        echo_lines(render.type_table(rows))
+
+
+@command(main, "templates")
+@json_option
+def list_templates(as_json: bool) -> None:
+    """List the workflow templates: parameters (KEY=default when it has one) and description."""
+    rows = call("templates")
+    if as_json:
+        echo_json(rows)
+    elif not rows:
+        click.echo("no workflow templates are configured", err=True)
+    else:
+        echo_lines(render.template_table(rows))
 
 
 @main.group("queue", cls=FredicaGroup)

@@ -54,6 +54,10 @@ class SubmissionRefused(FredicaError):
     """The submission is invalid; nothing of it was stored."""
 
 
+class PayloadRefused(SubmissionRefused):
+    """An executor's `validate` refused a task's payload (SPEC §14); nothing was stored."""
+
+
 class UnknownTask(FredicaError):
     """No task has that id."""
 

@@ -101,6 +101,26 @@ class Handlers:
         obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=id)]
         return {"kind": "run", "object": obj}
 
+    def op_types(self) -> list[dict[str, Any]]:
+        """The executor types (SPEC §14): pausable or not, one line of doc, payload keys."""
+        registry = self.sup.registry
+        found = []
+        for name in registry:
+            registration = registry.registration(name)
+            cls = registration.cls
+            found.append({"type": name, "pausable": cls.pausable, "doc": cls.summary(),
+                          "payload_keys": list(cls.payload_keys), "event_loop": cls.runs_in_event_loop(),
+                          "source": registration.source})
+        return found
+
+    def op_templates(self) -> list[dict[str, Any]]:
+        """The configured templates: description, parameters (with their defaults) and tasks."""
+        return [
+            {"name": t.name, "description": t.description, "params": list(t.params), "defaults": dict(t.defaults),
+             "tasks": [{"name": task.name, "type": task.spec.type} for task in t.tasks]}
+            for t in sorted(self.settings.templates.values(), key=lambda t: t.name)
+        ]
+
     def op_wait(self, ids: list[str], timeout: float | None = None) -> protocol.WaitReply:
         """The tasks named (a run's id names its tasks) once all have ended, or as they are when
         `timeout` (at most WAIT_SLICE) has passed. Waits on this handler thread, woken by the

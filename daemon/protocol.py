@@ -118,6 +118,8 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
     _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
     _operation("queues"),
+    _operation("types"),
+    _operation("templates"),
     _operation("queue_pause", writes=True, name=Argument("str", required=True)),
     _operation("queue_resume", writes=True, name=Argument("str", required=True)),
     _operation("queue_workers", writes=True, name=Argument("str", required=True),

@@ -221,6 +221,26 @@ def queue_table(queues: Sequence[Mapping[str, Any]]) -> list[str]:
     return table(["QUEUE", "WORKERS", "BUSY", "WAITING", "PAUSED"], rows, right=("WORKERS", "BUSY", "WAITING"))
 
 
+def type_table(types: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`fredica types`: one row per executor type."""
+    rows = [
+        [str(t.get("type")), "yes" if t.get("pausable") else "no", ", ".join(t.get("payload_keys") or ()) or "-",
+         one_line(str(t.get("doc") or "-"))]
+        for t in types
+    ]
+    return table(["TYPE", "PAUSABLE", "PAYLOAD KEYS", "DOC"], rows)
+
+
+def template_table(templates: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`fredica templates`: one row per template; a parameter with a default shows it."""
+    rows = []
+    for t in templates:
+        defaults = t.get("defaults") or {}
+        params = [str(p) for p in t.get("params") or ()] + [f"{k}={v}" for k, v in defaults.items()]
+        rows.append([str(t.get("name")), ", ".join(params) or "-", one_line(str(t.get("description") or "-"))])
+    return table(["TEMPLATE", "PARAMETERS", "DESCRIPTION"], rows)
+
+
 def cancel_summary(reply: Mapping[str, Any]) -> str:
     """One line for a `cancel` reply: what was cancelled now and what is still stopping."""
     cancelled = list(reply.get("cancelled") or [])

@@ -6,7 +6,8 @@ Checked here, before anything is sent, with one clear line naming the option or 
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, Sequence
 
 from daemon import protocol
 from daemon.errors import FredicaError
@@ -46,6 +47,16 @@ def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]
     return spec
 
 
+def batch_line_error(exc: FredicaError, numbers: Sequence[int]) -> FredicaError:
+    """The daemon's `task N: ...` refusal of a batch as `batch line L: ...` (SPEC §14); any
+    other refusal as it is."""
+    match = re.match(r"task (\d+)(?: \([^)]*\))?: ", exc.message)
+    if match is None or not 1 <= int(match.group(1)) <= len(numbers):
+        return exc
+    # Printed by the CLI as one error line: the kind need not travel further.
+    return FredicaError(f"batch line {numbers[int(match.group(1)) - 1]}: {exc.message[match.end():]}")
+
+
 def _check_text(value: Any, name: str, prefix: str = "") -> None:
     """Refuse what the daemon would refuse anyway, naming where it is: a string that is not text
     (bytes of an argument that are not UTF-8, a lone surrogate escape in JSON)."""
@@ -56,6 +67,12 @@ def _check_text(value: Any, name: str, prefix: str = "") -> None:
 
 def read_batch(stream: Any) -> list[dict[str, Any]]:
     """The task specs of a JSON-lines batch; refuses the whole batch, naming the line, if one is bad."""
+    return read_numbered_batch(stream)[0]
+
+
+def read_numbered_batch(stream: Any) -> tuple[list[dict[str, Any]], list[int]]:
+    """`read_batch`, with the line number of each spec (blank lines are skipped), so that what
+    the daemon refuses as `task N` can be told as `batch line L`."""
     from daemon import submission
 
     try:
@@ -63,6 +80,7 @@ def read_batch(stream: Any) -> list[dict[str, Any]]:
     except UnicodeDecodeError as exc:
         raise FredicaError(f"the batch is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     specs = []
+    numbers: list[int] = []
     # Lines end at "\n" only: splitlines() would also cut at U+2028 and friends, which JSON
     # strings may hold as they are.
     for number, line in enumerate(text.split("\n"), 1):
@@ -82,6 +100,7 @@ def read_batch(stream: Any) -> list[dict[str, Any]]:
         except FredicaError as exc:
             raise FredicaError(f"batch line {number}: {exc.message}") from None
         specs.append(spec)
+        numbers.append(number)
     if not specs:
         raise FredicaError("the batch has no tasks")
-    return specs
+    return specs, numbers

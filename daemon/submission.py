@@ -10,10 +10,14 @@ import dataclasses
 import json
 import math
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from daemon import queues
-from daemon.errors import SubmissionRefused
+from daemon.errors import PayloadRefused, SubmissionRefused
+from executors.base import check_keys
+
+if TYPE_CHECKING:
+    from executors.registry import Registry
 
 MAX_PRIORITY = 1_000_000
 MAX_RETRIES = 1_000
@@ -136,6 +140,32 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
         key=_optional_text(data.get("key"), "key"),
         id=task_id,
     )
+
+
+def check_executors(specs: Sequence[TaskSpec], registry: Registry) -> None:
+    """Refuse a spec whose type has no executor, or whose payload its executor's `validate`
+    refuses (SPEC §14), before anything is stored; a batch's error names the task (`task N:`).
+
+    A template's payload that names an upstream result (`payload_refs`) is only known in part
+    until dispatch: its keys are checked (against the executor's `payload_keys`), its values by
+    the executor at run time.
+    """
+    for number, spec in enumerate(specs, start=1):
+        where = f"task {number}: " if len(specs) > 1 else ""
+        if spec.key is not None and len(specs) > 1:
+            where = f"task {number} ({spec.key}): "
+        executor = registry.get(spec.type)
+        if executor is None:
+            known = ", ".join(registry) or "none"
+            raise SubmissionRefused(f"{where}unknown task type {spec.type!r} (known: {known})")
+        try:
+            if not spec.payload_refs:
+                executor.validate(spec.payload)
+            elif executor.payload_keys:
+                check_keys(spec.payload, executor.payload_keys)
+        except Exception as exc:  # a third-party validate may raise anything: a refusal, not a crash
+            detail = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            raise PayloadRefused(f"{where}PAYLOAD_ERROR: {spec.type} payload: {detail}") from None
 
 
 def _canonical_id(ref: str) -> str:

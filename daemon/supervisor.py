@@ -35,7 +35,7 @@ from daemon.models import Task
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
 from daemon.store import queues as queue_store
-from daemon.submission import TaskSpec
+from daemon.submission import TaskSpec, check_executors
 from executors import assignment
 from executors.registry import Registry
 
@@ -172,6 +172,7 @@ class Supervisor:
     ) -> tasks.Submission:
         """Store a run with `specs` as its tasks, each in its queue (named, else routed by type);
         the loop claims them on its next tick. A queue that is not configured refuses it all."""
+        check_executors(specs, self.registry)  # in the request's thread: the loop waits for none of it
         self.queues.check_specs(specs)
         return self.call(
             lambda: tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id,

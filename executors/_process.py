@@ -37,7 +37,7 @@ import psutil
 
 from daemon import models
 from executors._parent import die_with_parent, running
-from executors.base import ExecuteResult
+from executors.base import ExecuteResult, PayloadError  # noqa: F401 (PayloadError: re-exported for the built-ins)
 
 if TYPE_CHECKING:
     from executors.base import TaskContext
@@ -48,10 +48,6 @@ POLL_INTERVAL = 0.05  # how soon a pause or a cancel is noticed while the comman
 EXIT_DRAIN = 0.5  # after the leader exits: how long to wait for the rest of the group's output
 READ_SIZE = 64 * 1024
 MAX_LINE = 64 * 1024  # a longer "line" (binary output, a huge progress bar) is cut into pieces
-
-class PayloadError(ValueError):
-    """The task's payload is malformed; the message says what is wrong."""
-
 
 class CommandNotStarted(Exception):
     """The command could not be started (not found, not executable, bad working directory)."""

@@ -30,12 +30,13 @@ Who touches the resume Event (set = running, clear = paused):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import json
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Mapping, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import asyncio
@@ -116,10 +117,26 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value")
 
 
+class PayloadError(ValueError):
+    """The task's payload is malformed; the message says what is wrong."""
+
+
+def check_keys(payload: Mapping[str, Any], known: Collection[str]) -> None:
+    """Refuse a key of `payload` that is not in `known`, suggesting the close match if any
+    (a misspelt optional key would otherwise be silently ignored)."""
+    for key in sorted(set(payload) - set(known)):
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(known))}"
+        raise PayloadError(f"unknown key {key!r}{hint}")
+
+
 class TaskExecutor:
     """Base class of every executor; one subclass per task type."""
 
     task_type: str
+    # The payload's keys, for `fredica types` (empty: not declared). The one-line doc it shows is
+    # the first line of the class's docstring (`summary`).
+    payload_keys: tuple[str, ...] = ()
     pausable: bool = False  # the task's initial is_pausable; `ctx.set_pausable` changes it later
     # True: every attempt gets a process that never ran another one, even with tasks_per_process
     # > 1 (for executors that change process-wide state: cwd, environment, signal handlers...).
@@ -132,6 +149,22 @@ class TaskExecutor:
         (SPEC §15): its attempts run many at once on one asyncio loop (`executors.event_loop`).
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement execute()")
+
+    @classmethod
+    def validate(cls, payload: Mapping[str, Any]) -> None:
+        """A quick check of a payload, run in the daemon at submit (SPEC §14): raise
+        PayloadError to refuse the submission. The default accepts any payload.
+
+        It must not depend on what only exists at run time (files an upstream task makes):
+        `execute` checks those, and the payload again, for tasks stored before a check existed.
+        """
+
+    @classmethod
+    def summary(cls) -> str:
+        """The one line `fredica types` shows: the first line of the class's docstring."""
+        # The class's own docstring only: an inherited one would describe its base, not it.
+        lines = inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
+        return lines[0] if lines else ""
 
     @classmethod
     def runs_in_event_loop(cls) -> bool:

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from daemon import models
 from executors import _http, _process, output_lock
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import ExecuteResult, TaskExecutor, check_keys
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -358,6 +358,13 @@ class DownloadExecutor(TaskExecutor):
     task_type = "DOWNLOAD"
     pausable = True
     pause_hold_seconds = 5.0  # a pause longer than this closes the connection
+    payload_keys = ("url", "output", "sha256", "headers", "size", "stall_timeout")
+
+    @classmethod
+    def validate(cls, payload: Mapping[str, Any]) -> None:
+        """The payload's keys and values."""
+        check_keys(payload, cls.payload_keys)
+        DownloadSpec.from_payload(payload)
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         """Download to `<output>.part`, verify, rename to `output`, holding the output's lock."""

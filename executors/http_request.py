@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any, Mapping
 
 from daemon import models
 from executors import _process
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import ExecuteResult, TaskExecutor, check_keys
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -135,10 +135,17 @@ def _require(condition: bool, message: str) -> None:
 
 
 class HttpRequestExecutor(TaskExecutor):
-    """HTTP_REQUEST: see the module's docstring."""
+    """One HTTP(S) request on asyncio, many at once in one process; pausable, cancellable."""
 
     task_type = "HTTP_REQUEST"
     pausable = True
+    payload_keys = ("url", "method", "headers", "body", "timeout", "output", "max_body_bytes")
+
+    @classmethod
+    def validate(cls, payload: Mapping[str, Any]) -> None:
+        """The payload's keys and values."""
+        check_keys(payload, cls.payload_keys)
+        RequestSpec.from_payload(payload)
 
     async def execute(self, task: Task, ctx: AsyncTaskContext) -> ExecuteResult:  # type: ignore[override]
         """Send the request and read the answer, until it is done or the task is cancelled."""

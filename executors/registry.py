@@ -147,6 +147,10 @@ class Registry:
         """The executor instance for `task_type`, or None if none is registered."""
         return self._instances.get(task_type)
 
+    def registration(self, task_type: str) -> Registration:
+        """`task_type`'s registration: its class, reference and source (KeyError if none)."""
+        return self._registrations[task_type]
+
     def ref(self, task_type: str) -> str:
         """The "module:Class" reference the subprocess imports for `task_type` (KeyError if none)."""
         return self._registrations[task_type].ref

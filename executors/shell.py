@@ -35,14 +35,14 @@ import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
 from executors import _process
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import ExecuteResult, TaskExecutor, check_keys
 
 if TYPE_CHECKING:
     from daemon.models import Task
     from executors.base import TaskContext
 
 LAST_LINES = 20
-KNOWN_KEYS = frozenset({"argv", "command", "shell", "cwd", "env", "progress_pattern", "pausable", "timeout"})
+KNOWN_KEYS = ("argv", "command", "shell", "cwd", "env", "progress_pattern", "pausable", "timeout")
 
 EXIT_CODE = "EXIT_CODE"
 SIGNAL = "SIGNAL"
@@ -60,8 +60,9 @@ class ShellCommand:
     pausable: bool
 
     @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> ShellCommand:
-        """Check the payload; PayloadError says what is wrong."""
+    def from_payload(cls, payload: Mapping[str, Any], *, check_cwd: bool = True) -> ShellCommand:
+        """Check the payload; PayloadError says what is wrong. `check_cwd` False: a cwd need not
+        exist yet (at submit, an upstream task may make it)."""
         if not isinstance(payload, Mapping):
             raise _process.PayloadError("the payload must be an object")
         argv, command, shell = payload.get("argv"), payload.get("command"), payload.get("shell", False)
@@ -95,19 +96,19 @@ class ShellCommand:
         return cls(
             argv=tuple(argv) if argv is not None else None,
             command=command,
-            cwd=_cwd(payload.get("cwd")),
+            cwd=_cwd(payload.get("cwd"), check_cwd),
             env=_environment(payload.get("env")),
             progress_pattern=_pattern(payload.get("progress_pattern")),
             pausable=pausable,
         )
 
 
-def _cwd(value: Any) -> str | None:
+def _cwd(value: Any, exists: bool) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise _process.PayloadError("cwd must be a non-empty string")
-    if not os.path.isdir(value):
+    if exists and not os.path.isdir(value):
         raise _process.PayloadError(f"cwd is not a directory: {value}")
     return value
 
@@ -162,7 +163,14 @@ class ShellExecutor(TaskExecutor):
 
     task_type = "SHELL"
     pausable = True
+    payload_keys = KNOWN_KEYS
     kill_grace = 3.0  # seconds between SIGTERM and SIGKILL of the command's group on cancel
+
+    @classmethod
+    def validate(cls, payload: Mapping[str, Any]) -> None:
+        """The payload's keys and values; the cwd is looked for only at run time."""
+        check_keys(payload, KNOWN_KEYS)
+        ShellCommand.from_payload(payload, check_cwd=False)
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         """Run the command to its end and report its exit status."""
@@ -170,8 +178,8 @@ class ShellExecutor(TaskExecutor):
             spec = ShellCommand.from_payload(task.payload)
         except _process.PayloadError as exc:
             return _process.payload_error(exc)
-        unknown = sorted(set(task.payload) - KNOWN_KEYS)
-        if unknown:
+        unknown = sorted(set(task.payload) - set(KNOWN_KEYS))
+        if unknown:  # a task stored before submit refused unknown keys
             ctx.log.warning("SHELL payload keys ignored: %s", ", ".join(unknown))
         if not spec.pausable:
             ctx.set_pausable(False)

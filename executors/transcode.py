@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from executors import _process, output_lock
-from executors.base import ExecuteResult, TaskExecutor
+from executors.base import ExecuteResult, TaskExecutor, check_keys
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -212,6 +212,13 @@ class TranscodeExecutor(TaskExecutor):
     task_type = "TRANSCODE_MP4"
     pausable = True
     kill_grace = 5.0  # ffmpeg finishes the file on SIGTERM; we delete it anyway, so not long
+    payload_keys = ("input", "output", "args", "input_args")
+
+    @classmethod
+    def validate(cls, payload: Mapping[str, Any]) -> None:
+        """The payload's keys and values; the input is looked for only at run time (an upstream task may make it)."""
+        check_keys(payload, cls.payload_keys)
+        TranscodeSpec.from_payload(payload, check_input=False)
 
     def execute(self, task: Task, ctx: TaskContext) -> ExecuteResult:
         """Run ffmpeg into a temporary file, then rename it to the output."""
