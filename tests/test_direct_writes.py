@@ -23,7 +23,7 @@ from tests.conftest import wait_for
 class Setup:
     def __init__(self, tmp_path: Path, call_timeout: float) -> None:
         self.sup = Supervisor(Settings(database=tmp_path / "fredica.db", socket=tmp_path / "control.sock",
-                                       log_dir=tmp_path / "logs", executors={}))
+                                       log_dir=tmp_path / "logs", executors={"ECHO": "tests.sample_executors:Echo"}))
         self.sup.bind_loop_thread()  # this test's thread is the loop: nothing runs until it ticks
         handlers = operations.Handlers(self.sup)
         self.server = control.ControlServer(tmp_path / "control.sock", handlers.handle)

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from daemon import models
+from daemon.errors import PayloadRefused
 from daemon.models import TaskStatus
 from executors import _process
 from executors.shell import ShellExecutor
@@ -293,7 +294,9 @@ def test_end_to_end_through_the_supervisor(tmp_path: Path) -> None:
         task = media.wait_ended(sup, failing)
         assert task.status is TaskStatus.FAILED and task.error_type == "EXIT_CODE" and task.retry_count == 1
 
-        bad = media.submit(sup, "SHELL", {"command": "echo hi"}, max_retries=3)
+        with pytest.raises(PayloadRefused, match="a command string runs only with shell: true"):
+            media.submit(sup, "SHELL", {"command": "echo hi"}, max_retries=3)  # refused at submit
+        bad = media.store_unchecked(sup, "SHELL", {"command": "echo hi"}, max_retries=3)  # stored before that
         task = media.wait_ended(sup, bad)
         assert task.status is TaskStatus.FAILED and task.error_type == models.PAYLOAD_ERROR and task.retry_count == 0
 

@@ -18,13 +18,14 @@ import structlog
 
 from daemon import handoff, models, outcomes, pool, processes
 from daemon.config import Settings
-from daemon.errors import InvalidTransition, NotPausable, UnknownTask
+from daemon.errors import InvalidTransition, NotPausable, SubmissionRefused, UnknownTask
 from daemon.handoff import LoopBusy
 from daemon.models import Task, TaskStatus
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
 from daemon.engine import executor_processes
+from tests import media
 from tests.conftest import make_task, wait_for
 
 EXECUTORS = {
@@ -592,7 +593,9 @@ def test_can_skip_and_no_executor(make_supervisor: Callable[..., Supervisor], tm
     skipped = wait_ended(sup, submit(sup, "SKIP_IF_EXISTS", payload={"output": str(output)}))
     assert skipped.status is TaskStatus.COMPLETED and skipped.result == {"skipped": True}
     assert skipped.started_at is None  # never ran
-    missing = wait_ended(sup, submit(sup, "NOBODY_RUNS_THIS", max_retries=3))
+    with pytest.raises(SubmissionRefused, match="unknown task type 'NOBODY_RUNS_THIS'"):
+        submit(sup, "NOBODY_RUNS_THIS")  # refused at submit; one stored before that fails when claimed
+    missing = wait_ended(sup, media.store_unchecked(sup, "NOBODY_RUNS_THIS", max_retries=3))
     assert missing.status is TaskStatus.FAILED and missing.error_type == models.NO_EXECUTOR
     assert missing.retry_count == 0
     # Tasks that end before they get a process count in the service's status line like the others.

@@ -68,17 +68,16 @@ TEMPLATE = """
 description = "download then list"
 params = ["url"]
 defaults = { dir = "/tmp" }
-[[templates.fetch.tasks]]
-name = "get"
+
+[templates.fetch.tasks.get]
 type = "DOWNLOAD"
 payload = { url = "{url}", output = "{dir}/f" }
-[[templates.fetch.tasks]]
-name = "ls"
+
+[templates.fetch.tasks.ls]
 type = "SHELL"
 depends_on = ["get"]
 payload = { argv = ["ls", "{get.output}"], {KEY} = true }
 """
-
 
 def _daemon(tmp_path: Path, key: str = "pausable") -> Daemon:
     return Daemon(tmp_path / "d", extra_toml=TEMPLATE.replace("{KEY}", key)).start()
