@@ -471,6 +471,20 @@ def restarts_recreate(entry_id: int) -> None:
 
 
 @command(main)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print a completion script for SHELL (bash, zsh or fish).
+
+    Commands, options and choices then complete on Tab. Install it once, e.g. `fredica completion bash > ~/.local/share/bash-completion/completions/fredica`
+    (zsh: into a directory on $fpath as `_fredica`; fish: ~/.config/fish/completions/fredica.fish)."""
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # the choice above lists only the shells click knows
+    click.echo(completer(main, {}, "fredica", "_FREDICA_COMPLETE").source())
+
+
+@command(main)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="jsonl", show_default=True)
 @click.option("--status", "statuses", multiple=True, help="only tasks in this stored status (repeatable)")
 @click.option("--run", "run_id", help="only the tasks of this workflow run (its full id)")
