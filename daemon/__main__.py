@@ -1,5 +1,5 @@
-"""`python3 -m daemon ...` is the `fredica` command."""
+"""`python3 -m daemon ...` is the `fredica` command (named so in its help and its completion)."""
 
 from daemon.cli import main
 
-main()
+main(prog_name="fredica")

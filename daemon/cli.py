@@ -476,6 +476,36 @@ def restarts_recreate(entry_id: int) -> None:
 
 
 @command(main)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print a completion script for SHELL (bash, zsh or fish).
+
+    Commands, options and choices then complete on Tab. Install it once, e.g. `fredica completion bash > ~/.local/share/bash-completion/completions/fredica`
+    (zsh: into a directory on $fpath as `_fredica`; fish: ~/.config/fish/completions/fredica.fish)."""
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # the choice above lists only the shells click knows
+    click.echo(completer(main, {}, "fredica", "_FREDICA_COMPLETE").source())
+
+
+@command(main)
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="jsonl", show_default=True)
+@click.option("--status", "statuses", multiple=True, help="only tasks in this stored status (repeatable)")
+@click.option("--run", "run_id", help="only the tasks of this workflow run (its full id)")
+@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-", help="a file (default: stdout)")
+def export(fmt: str, statuses: tuple[str, ...], run_id: str | None, output: Any) -> None:
+    """Every task as CSV or JSON lines, read from the database itself.
+
+    The database is opened read-only: the daemon may be running, or not. Says on stderr how many
+    tasks were written."""
+    from daemon import export as exporting  # only here: sqlite-utils is not for the other commands
+
+    count = exporting.write(exporting.rows(settings().database, statuses=statuses, run=run_id), output, fmt)
+    click.echo(f"{count} tasks exported", err=True)
+
+
+@command(main)
 @json_option
 def status(as_json: bool) -> None:
     """Daemon health: pid, uptime, workers, tasks by status."""

@@ -195,5 +195,9 @@ class DatabaseUnusable(FredicaError):
     """The database cannot be used as it is; nothing was changed."""
 
 
+class ExportFailed(FredicaError):
+    """The tasks could not be exported (`fredica export`)."""
+
+
 class MigrationError(FredicaError):
     """The database schema cannot be brought to this version."""
