@@ -541,7 +541,9 @@ def list_types(as_json: bool) -> None:
 @command(main, "templates")
 @json_option
 def list_templates(as_json: bool) -> None:
-    """List the workflow templates: parameters (KEY=default when it has one) and description."""
+    """List the workflow templates, with their parameters and descriptions.
+
+    A parameter with a default shows as KEY=default."""
     rows = call("templates")
     if as_json:
         echo_json(rows)

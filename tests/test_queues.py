@@ -276,7 +276,7 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
     assert refused.output == "error: unknown queue 'nope'; configured: default, slow\n"
     line = '{"type": "ECHO"}\n{"type": "ECHO", "queue": "nope"}\n'
     batch = CliRunner().invoke(cli.main, ["submit", "--batch", "-", "--config", str(d.config)], input=line)
-    assert batch.exit_code == 1 and batch.output.startswith("error: task 2: unknown queue 'nope'")
+    assert batch.exit_code == 1 and batch.output.startswith("error: batch line 2: unknown queue 'nope'")
     for args in (["queue", "pause", "nope"], ["queue", "workers", "nope", "2"]):
         result = fredica(d, *args)
         assert (result.exit_code, result.output) == (1, "error: unknown queue 'nope'; configured: default, slow\n")
