@@ -238,12 +238,12 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
 @command(main, "ls")
 @click.option(
     "--status",
-    type=click.Choice(render.TASK_STATUSES),
+    type=click.Choice(models.TASK_FILTER_WORDS),
     multiple=True,
-    help="Only tasks in this status (repeatable).",
+    help="Only tasks in this status, stored or as shown: waiting, paused (repeatable).",
 )
 @click.option("--run", "run_id", metavar="ID", help="Only the tasks of this workflow run.")
-@click.option("--type", "task_type", metavar="T", help="Only tasks of this type.")
+@click.option("--type", "task_type", metavar="T", help="Only tasks of this type (any case).")
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N tasks.")
 @json_option
 def list_tasks(
@@ -313,16 +313,14 @@ def cancel(target_id: str) -> None:
 @click.argument("task_id", metavar="ID")
 def pause(task_id: str) -> None:
     """Pause a running, pausable task."""
-    call("pause", id=task_id)
-    click.echo(f"paused {task_id}")
+    click.echo(f"paused {call('pause', id=task_id)['id']}")
 
 
 @command(main)
 @click.argument("task_id", metavar="ID")
 def resume(task_id: str) -> None:
     """Resume a paused task."""
-    call("resume", id=task_id)
-    click.echo(f"resumed {task_id}")
+    click.echo(f"resumed {call('resume', id=task_id)['id']}")
 
 
 @command(main)

@@ -66,6 +66,14 @@ class UnknownRun(FredicaError):
     """No workflow run has that id."""
 
 
+class IdTooShort(FredicaError):
+    """An id prefix must have at least 4 characters."""
+
+
+class AmbiguousId(FredicaError):
+    """The id prefix matches more than one task or workflow run: give more of it."""
+
+
 class UnknownRestartEntry(FredicaError):
     """No restart-log entry has that id."""
 

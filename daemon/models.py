@@ -39,6 +39,10 @@ class DisplayStatus(enum.StrEnum):
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RUNNING})
 WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
+# The words a task filter (`ls --status`) takes: the stored statuses and those people see
+# (SPEC §14). `held` is a word of the SPEC that names no state yet: refused as not supported.
+HELD = "held"
+TASK_FILTER_WORDS = (*(status.value for status in TaskStatus), *(word.value for word in DisplayStatus), HELD)
 
 
 def in_order(statuses: frozenset[TaskStatus]) -> list[str]:

@@ -15,10 +15,11 @@ import threading
 import time
 from typing import Any
 
-from daemon import faults, handoff, protocol, recovery
-from daemon.errors import FredicaError, UnknownTask
+from daemon import faults, handoff, models, protocol, recovery
+from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
+from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
@@ -79,9 +80,11 @@ class Handlers:
 
     def op_ls(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
               limit: int | None = None) -> list[dict[str, Any]]:
-        _check_statuses(status, TaskStatus)
+        _check_task_statuses(status)
         _check_limit(limit)
-        found = tasks.list_tasks(self._reader(), status=status, run_id=run, task_type=type, limit=limit)
+        conn = self._reader()
+        run_id = None if run is None else id_store.run_id(conn, run)
+        found = tasks.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
 
     def op_runs(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
@@ -91,14 +94,11 @@ class Handlers:
 
     def op_show(self, id: str) -> protocol.ShowReply:
         conn = self._reader()
-        task = tasks.find(conn, id)
-        if task is not None:
-            return {"kind": "task", "object": task.to_dict()}
-        run = runs.find(conn, id)
-        if run is None:
-            raise UnknownTask(f"no task or workflow run has id {id}")
-        obj = run.to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=id)]
+        named = id_store.resolve(conn, id)
+        if named.kind == "task":
+            return {"kind": "task", "object": tasks.get(conn, named.id).to_dict()}
+        obj = runs.get(conn, named.id).to_dict()
+        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
         return {"kind": "run", "object": obj}
 
     def op_types(self) -> list[dict[str, Any]]:
@@ -157,23 +157,22 @@ class Handlers:
                 found[index] = now.to_dict()
         return {"tasks": found, "ended": position == len(found)}
 
-    def _tasks_named(self, ids: list[str]) -> list[dict[str, Any]]:
+    def _tasks_named(self, targets: list[str]) -> list[dict[str, Any]]:
         conn = self._reader()
         found: list[dict[str, Any]] = []
-        for target in ids:
-            task = tasks.find(conn, target)
-            if task is not None:
-                found.append(task.to_dict())
-            elif runs.find(conn, target) is not None:
-                found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=target)]
+        for target in targets:
+            named = id_store.resolve(conn, target)
+            if named.kind == "task":
+                found.append(tasks.get(conn, named.id).to_dict())
             else:
-                raise UnknownTask(f"no task or workflow run has id {target}")
+                found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
         return found
 
     def op_log_path(self, id: str | None = None) -> dict[str, Any]:
         if id is None:
             return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
-        task = tasks.get(self._reader(), id)
+        conn = self._reader()
+        task = tasks.get(conn, id_store.task_id(conn, id))
         return {"path": str(self.settings.task_log(task.id)), "active": not task.status.is_terminal,
                 "json_lines": False}
 
@@ -256,7 +255,16 @@ class Handlers:
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
 
 
-def _check_statuses(status: str | list[str] | None, kind: type[TaskStatus] | type[RunStatus]) -> None:
+def _check_task_statuses(status: str | list[str] | None) -> None:
+    for name in [status] if isinstance(status, str) else status or ():
+        if name == models.HELD:
+            # SPEC §14 names it, but no task can be held yet: saying so beats matching nothing.
+            raise FredicaError("status held is not supported yet: tasks cannot be held in this version")
+        if name not in models.TASK_FILTER_WORDS:
+            raise protocol.ProtocolError(f"unknown status {protocol.shown(name)}")
+
+
+def _check_statuses(status: str | list[str] | None, kind: type[RunStatus]) -> None:
     for name in [status] if isinstance(status, str) else status or ():
         if name not in {member.value for member in kind}:
             raise protocol.ProtocolError(f"unknown status {protocol.shown(name)}")

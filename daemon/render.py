@@ -22,6 +22,11 @@ BAR_WIDTH = 20
 SHORT_ID = 8
 
 
+def short_id(full_id: Any) -> str:
+    """An id as tables show it: its first 8 characters, a prefix that commands take (SPEC §14)."""
+    return "" if full_id is None else str(full_id)[:SHORT_ID]
+
+
 def one_line(text: str) -> str:
     """`text` on one printable line: what would break it or cannot be printed (a newline, a lone
     surrogate from an undecodable byte of a command line) shown as its escape (`\\n`, `\\udcff`)."""
@@ -95,7 +100,8 @@ def _clamp(progress: Any) -> int:
 
 
 def task_table(tasks: Sequence[Mapping[str, Any]], now: float) -> list[str]:
-    """`fredica ls`: one row per task, full ids (people and scripts copy them)."""
+    """`fredica ls`: one row per task, ids cut to 8 characters (any 4+ of them name it again;
+    scripts read `--json`)."""
     headers = ["ID", "TYPE", "STATUS", "PROGRESS", "PRI", "RETRIES", "AGE"]
     with_errors = any(task.get("error_type") for task in tasks)
     if with_errors:
@@ -103,7 +109,7 @@ def task_table(tasks: Sequence[Mapping[str, Any]], now: float) -> list[str]:
     rows = []
     for task in tasks:
         row = [
-            str(task.get("id")),
+            short_id(task.get("id")),
             str(task.get("type")),
             display_status(task),
             percent(task.get("progress")),
@@ -121,7 +127,7 @@ def run_table(runs: Sequence[Mapping[str, Any]], now: float) -> list[str]:
     """`fredica runs`: one row per workflow run."""
     rows = [
         [
-            str(run.get("id")),
+            short_id(run.get("id")),
             str(run.get("template")),
             str(run.get("status")),
             f"{run.get('done_tasks', 0)}/{run.get('total_tasks', 0)}",
@@ -138,12 +144,12 @@ def restart_table(entries: Sequence[Mapping[str, Any]], now: float) -> list[str]
     rows = [
         [
             str(entry.get("id")),
-            str(entry.get("task_id")),
+            short_id(entry.get("task_id")),
             str(entry.get("task_type")),
             str(entry.get("status_at_restart")),
             percent(entry.get("progress")),
             str(entry.get("disposition")),
-            entry.get("new_workflow_run_id") or "-",
+            short_id(entry.get("new_workflow_run_id")) or "-",
             age(entry.get("created_at"), now),
         ]
         for entry in entries
@@ -264,7 +270,7 @@ def progress_line(task: Mapping[str, Any]) -> str:
     progress = _clamp(task.get("progress"))
     filled = round(BAR_WIDTH * progress / 100)
     bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-    words = [str(task.get("type")), str(task.get("id", ""))[:SHORT_ID], display_status(task)]
+    words = [str(task.get("type")), short_id(task.get("id")), display_status(task)]
     if task.get("status") in models.TERMINAL_STATUSES:
         words.append(str(task.get("error_type") or ""))  # the last status text is stale by now
     elif task.get("status_text"):

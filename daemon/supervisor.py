@@ -29,11 +29,12 @@ from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes,
 from daemon.engine import event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
-from daemon.errors import InvalidTransition, UnknownTask
+from daemon.errors import InvalidTransition
 from daemon.handoff import LoopHandoff
 from daemon.models import Task
 from daemon.notify import Notifier
 from daemon.store import db, runs, tasks
+from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import TaskSpec, check_executors
 from executors import assignment
@@ -801,12 +802,12 @@ class Supervisor:
 
     # --- cancel, pause, deadlines ---------------------------------------------------------------
 
-    def _cancel(self, target_id: str, now: float) -> CancelReport:
-        task = tasks.find(self.conn, target_id)
-        if task is None:
-            run = runs.find(self.conn, target_id)
-            if run is None:
-                raise UnknownTask(f"no task or workflow run has id {target_id}")
+    def _cancel(self, given_id: str, now: float) -> CancelReport:
+        # Resolved here, in the loop's transaction: the prefix names what exists when it acts.
+        named = id_store.resolve(self.conn, given_id)
+        target_id = named.id
+        if named.kind == "run":
+            run = runs.get(self.conn, target_id)
             outcome = tasks.cancel_waiting_in_run(self.conn, target_id, now=now)
             stopping = [task_id for task_id in outcome.running
                         if self._request_stop(task_id, "cancel", now, requested=True)]
@@ -815,6 +816,7 @@ class Supervisor:
                                         f"workflow run {target_id} is {run.status.value}: nothing to cancel")
             log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
             return CancelReport(outcome.cancelled, tuple(stopping))
+        task = tasks.get(self.conn, target_id)
         if self._request_stop(task.id, "cancel", now, requested=True):
             return CancelReport((), (task.id,))
         if any(rt.task.id == task.id for rt in self.unrecorded):
@@ -863,7 +865,8 @@ class Supervisor:
             return
         rt.escalate(now, self.settings.cancel_grace)
 
-    def _set_paused(self, task_id: str, paused: bool, now: float) -> Task:
+    def _set_paused(self, given_id: str, paused: bool, now: float) -> Task:
+        task_id = id_store.task_id(self.conn, given_id)
         rt = self.running.get(task_id)
         task, command = messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), rt, paused, now)
         assert rt is not None  # pause_by_user refuses a task that no attempt of ours runs

@@ -219,7 +219,7 @@ def test_bad_payload_is_refused_locally_and_nothing_is_sent(fake, fredica, paylo
         ["submit", "--batch", "-", "--priority", "3"],  # a single-task option with --batch
         ["submit", "SHELL", "--priority", "high"],
         ["run", "T", "--set", "novalue"],
-        ["ls", "--status", "waiting"],
+        ["ls", "--status", "bogus"],
         ["restarts", "dismiss", "not-a-number"],
         ["show"],
     ],
@@ -369,7 +369,7 @@ def test_ls_sends_only_the_filters_given(fake, fredica, args, sent):
     assert fake.requests == [("ls", sent)]
 
 
-def test_ls_table_shows_full_ids_and_display_statuses(fake, fredica):
+def test_ls_table_shows_8_character_ids_and_display_statuses(fake, fredica):
     fake.handlers["ls"] = [
         task(ID_A, status="running", is_paused=True, progress=42, priority=3, retry_count=1, max_retries=2),
         task(ID_B, seq=2, type="DOWNLOAD", status="claimed"),
@@ -380,8 +380,8 @@ def test_ls_table_shows_full_ids_and_display_statuses(fake, fredica):
     assert result.exit_code == 0
     header, *rows = result.stdout.splitlines()
     assert header.split() == ["ID", "TYPE", "STATUS", "PROGRESS", "PRI", "RETRIES", "AGE", "ERROR", "TYPE"]
-    assert rows[0].split()[:6] == [ID_A, "SHELL", "paused", "42%", "3", "1/2"]
-    assert rows[1].split()[:3] == [ID_B, "DOWNLOAD", "waiting"]
+    assert rows[0].split()[:6] == [ID_A[:8], "SHELL", "paused", "42%", "3", "1/2"]
+    assert rows[1].split()[:3] == [ID_B[:8], "DOWNLOAD", "waiting"]
     assert rows[2].split()[2] == "failed" and rows[2].split()[-1] == "EXCEPTION"
     assert rows[3].split()[2:4] == ["completed", "100%"]
     assert " 42%" in rows[0]
@@ -403,7 +403,7 @@ def test_runs_json_and_table(fake, fredica):
     assert fake.requests == [("runs", {"status": "running", "limit": 10})]
     header, row = fredica("runs").stdout.splitlines()
     assert header.split() == ["ID", "TEMPLATE", "STATUS", "DONE", "MATERIAL", "AGE"]
-    assert row.split()[:5] == [RUN, "adhoc", "running", "1/3", "m1"]
+    assert row.split()[:5] == [RUN[:8], "adhoc", "running", "1/3", "m1"]
 
 
 def test_show_task(fake, fredica):
@@ -435,7 +435,7 @@ def test_show_run_lists_its_tasks(fake, fredica):
     head, tasks = out.split("\n\n")
     assert head.splitlines()[0].split() == ["id:", RUN]
     assert not any(line.startswith("tasks:") for line in head.splitlines())
-    assert [line.split()[0] for line in tasks.splitlines()] == ["ID", ID_A, ID_B]
+    assert [line.split()[0] for line in tasks.splitlines()] == ["ID", ID_A[:8], ID_B[:8]]
 
 
 def test_show_unknown_id_exits_1(fake, fredica):
@@ -925,7 +925,7 @@ def test_restarts_lists_entries_awaiting_review(fake, fredica):
     assert result.exit_code == 0
     header, row = result.stdout.splitlines()
     assert header.split()[:4] == ["ID", "TASK", "TYPE", "WAS"]
-    assert row.split()[:7] == ["3", ID_A, "TRANSCODE_MP4", "running", "37%", "pending_review", "-"]
+    assert row.split()[:7] == ["3", ID_A[:8], "TRANSCODE_MP4", "running", "37%", "pending_review", "-"]
     assert fake.requests == [("restarts", {})]
 
 

@@ -71,8 +71,8 @@ def test_submit_show_ls_runs(daemon: Daemon, tmp_path: Path) -> None:
     runs = as_json(daemon, "runs", "--status", "completed")
     assert run_id in {r["id"] for r in runs} and all(RUN_COLUMNS <= set(r) for r in runs)
     table = ok(daemon, "ls", "--run", run_id)
-    assert task_id in table and "completed" in table
-    assert run_id in ok(daemon, "runs")
+    assert task_id[:8] in table and "completed" in table
+    assert run_id[:8] in ok(daemon, "runs")
     assert "ECHO" in ok(daemon, "show", task_id)
 
 
@@ -182,3 +182,42 @@ def test_the_installed_command_exits_3_when_the_daemon_is_stopped(tmp_path: Path
         )
         assert result.returncode == 3, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and str(d.socket) in result.stderr
+
+
+def test_ids_by_prefix_and_filters_by_the_words_shown(daemon: Daemon, tmp_path: Path) -> None:
+    payload = {"n": 100_000, "step": 0.005, "count_file": str(tmp_path / "c"), "state_file": str(tmp_path / "s")}
+    counter = ok(daemon, "submit", "COUNT", "--payload", json.dumps(payload)).strip()
+    waiting = ok(daemon, "submit", "ECHO", "--depends-on", counter).strip()
+    wait_for(lambda: (tmp_path / "c").exists())
+    short = counter[:8]
+    assert as_json(daemon, "show", short)["id"] == counter
+    assert counter in ok(daemon, "show", short)
+    assert ok(daemon, "pause", short).strip() == f"paused {counter}"
+    assert [t["id"] for t in as_json(daemon, "ls", "--status", "paused")] == [counter]
+    assert counter not in {t["id"] for t in as_json(daemon, "ls", "--status", "waiting")}
+    assert waiting in {t["id"] for t in as_json(daemon, "ls", "--status", "waiting")}
+    assert short in ok(daemon, "ls", "--status", "paused")  # tables show 8 characters
+    assert ok(daemon, "resume", counter[:5]).strip() == f"resumed {counter}"
+    assert counter in {t["id"] for t in as_json(daemon, "ls", "--type", "count")}
+    assert waiting not in {t["id"] for t in as_json(daemon, "ls", "--type", "count")}
+    run_id = daemon.task(waiting)["workflow_run_id"]
+    assert [t["id"] for t in as_json(daemon, "ls", "--run", run_id[:6])] == [waiting]
+    assert ok(daemon, "cancel", short).strip() == f"stopping {counter} (cancel sent to the running task)"
+    daemon.wait_task(counter, "cancelled")
+    daemon.wait_task(waiting, "cancelled")
+    assert f"task {counter} (COUNT) attempt 1 started" in ok(daemon, "logs", short)
+    assert "held is not supported yet" in refused(daemon, "ls", "--status", "held")
+
+
+def test_short_and_ambiguous_ids_are_refused_in_one_line(daemon: Daemon) -> None:
+    twins = [f"abcd1234-0000-4000-8000-00000000000{n}" for n in (1, 2)]
+    ok(daemon, "submit", "--batch", "-", input="\n".join(json.dumps({"type": "ECHO", "id": i}) for i in twins))
+    for twin in twins:
+        daemon.wait_task(twin, "completed")
+    before = as_json(daemon, "status")["counts"]
+    for args in (["show", "abcd"], ["cancel", "abcd1234"], ["logs", "abcd1234-0"], ["pause", "abcd"], ["watch", "abcd"]):
+        line = refused(daemon, *args)
+        assert "is ambiguous" in line and all(f"task {i} (" in line for i in twins), line
+    assert "at least 4 characters" in refused(daemon, "show", "abc")
+    assert as_json(daemon, "show", twins[1][:-1] + "2")["id"] == twins[1]
+    assert as_json(daemon, "status")["counts"] == before

@@ -60,17 +60,19 @@ def list_tasks(
     task_type: str | None = None,
     limit: int | None = None,
 ) -> list[Task]:
-    """Tasks in submission order, filtered by status(es), run and type."""
+    """Tasks in submission order, filtered by status(es), run and type (any case).
+
+    A status is a stored one or a word people see (`waiting`, `paused`: see `_status_clause`)."""
     clauses, params = [], []
     if status is not None:
-        statuses = [status] if isinstance(status, str) else list(status)
-        clauses.append(f"status IN ({', '.join('?' * len(statuses))})")
-        params.extend(statuses)
+        clause, values = _status_clause([status] if isinstance(status, str) else list(status))
+        clauses.append(clause)
+        params.extend(values)
     if run_id is not None:
         clauses.append("workflow_run_id = ?")
         params.append(run_id)
     if task_type is not None:
-        clauses.append("type = ?")
+        clauses.append("type = ? COLLATE NOCASE")
         params.append(task_type)
     sql = "SELECT * FROM task"
     if clauses:
@@ -80,6 +82,20 @@ def list_tasks(
         sql += " LIMIT ?"
         params.append(limit)
     return [Task.from_row(row) for row in conn.execute(sql, params)]
+
+
+def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The WHERE clause for status words: `waiting` is pending or claimed, `paused` a running task
+    that is paused; `running` is the stored status, so it takes paused tasks in too."""
+    stored = {str(word) for word in words if word in set(TaskStatus)}
+    if models.DisplayStatus.WAITING in words:
+        stored |= {str(status) for status in models.WAITING_STATUSES}
+    parts = [f"status IN ({', '.join('?' * len(stored))})"] if stored else []
+    if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
+        parts.append("(status = 'running' AND is_paused = 1)")
+    if not parts:
+        return "0", []  # no word that names a state: nothing matches
+    return "(" + " OR ".join(parts) + ")", sorted(stored)
 
 
 def results_of(conn: sqlite3.Connection, task_ids: Sequence[str]) -> dict[str, Any]:
