@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from daemon import queues
 from daemon.errors import PayloadRefused, SubmissionRefused
-from executors.base import check_keys
 
 if TYPE_CHECKING:
     from executors.registry import Registry
@@ -150,6 +149,9 @@ def check_executors(specs: Sequence[TaskSpec], registry: Registry) -> None:
     until dispatch: its keys are checked (against the executor's `payload_keys`), its values by
     the executor at run time.
     """
+    # Here, not at the top: the CLI imports this module too, and `fredica status` must start fast.
+    from executors.base import check_keys
+
     for number, spec in enumerate(specs, start=1):
         where = f"task {number}: " if len(specs) > 1 else ""
         if spec.key is not None and len(specs) > 1:
