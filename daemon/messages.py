@@ -40,8 +40,9 @@ def apply(at: Attempt, message: dict[str, Any], now: float) -> None:
                 at.note_resumed(now)
                 at.log.info("task_resumed", by="supervisor", reason="the executor is not pausable")
         elif kind == "pause_request":
-            at.note_paused(now, "executor")
-            at.log.info("task_paused", by="executor", reason=message.get("reason"))
+            reason = message.get("reason")
+            at.note_paused(now, "executor", None if reason is None else str(reason))
+            at.log.info("task_paused", by="executor", reason=reason)
         elif kind == "resume_request":
             at.note_resumed(now)
             at.log.info("task_resumed", by="executor")

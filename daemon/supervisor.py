@@ -726,7 +726,11 @@ class Supervisor:
         attempts = [only] if only else list(self.running.values())
         dirty = [rt for rt in attempts if rt.mirror_dirty]
         if dirty:
-            tasks.record_pause_states(self.conn, [(rt.task.id, rt.paused_since is not None, rt.pausable) for rt in dirty])
+            tasks.record_pause_states(self.conn, [
+                (rt.task.id, rt.paused_since is not None, rt.pausable,
+                 rt.shown_text(rt.last_progress[1] if rt.last_progress else None))
+                for rt in dirty
+            ])
             for rt in dirty:
                 rt.mirror_dirty = False
         due = [
@@ -736,7 +740,7 @@ class Supervisor:
         ]
         if not due:
             return
-        tasks.record_progress(self.conn, [(rt.task.id, rt.progress[0], rt.progress[1]) for rt in due])
+        tasks.record_progress(self.conn, [(rt.task.id, rt.progress[0], rt.shown_text(rt.progress[1])) for rt in due])
         for rt in due:
             rt.progress = None
             rt.progress_written_at = now

@@ -423,3 +423,31 @@ def test_a_task_that_cannot_be_sent_to_a_shared_event_loop_process_crashes_alone
     fake.result({"ok": 1}, token=s.sup.running[beside].token)
     s.at(5.0)
     assert s.task(beside).status is TaskStatus.COMPLETED
+
+
+def test_a_paused_task_shows_why_as_its_status_text_and_its_own_text_again_after(
+    stepped: Callable[..., Stepped],
+) -> None:
+    # SPEC §14: a self-paused task shows its reason; a user's pause shows "paused by user".
+    s = stepped()
+    task_id = s.submit("COUNT")
+    s.at(0.0)
+    fake = s.process(task_id)
+    fake.progress(10, "counting")
+    s.at(1.0)
+    assert s.task(task_id).status_text == "counting"
+    fake.send({"type": "pause_request", "reason": "need a human"})
+    fake.progress(11, "still counting")  # another thread's report while paused: the reason stays shown
+    s.at(2.0)
+    row = s.task(task_id)
+    assert row.is_paused and row.status_text == "need a human" and row.progress == 11
+    fake.send({"type": "resume_request"})
+    s.at(3.0)
+    assert s.task(task_id).status_text == "still counting"
+    s.request(4.0, lambda: s.sup.pause(task_id))
+    s.at(4.1)
+    assert s.task(task_id).status_text == "paused by user"
+    s.request(5.0, lambda: s.sup.resume(task_id))
+    s.at(5.1)
+    row = s.task(task_id)
+    assert not row.is_paused and row.status_text == "still counting"

@@ -93,6 +93,7 @@ class Attempt:
     # them again after a tick whose writes were rolled back.
     paused_since: float | None = None
     paused_by: str | None = None  # "user" or "executor" (its own request_pause)
+    pause_text: str | None = None  # while paused: what its status text says instead of its own
     paused_seconds: float = 0.0
     pausable: bool = False
     mirror_dirty: bool = False
@@ -219,16 +220,23 @@ class Attempt:
         paused = self.paused_seconds + (now - self.paused_since if self.paused_since is not None else 0.0)
         return now - self.started_at - paused
 
-    def note_paused(self, now: float, by: str) -> None:
+    def note_paused(self, now: float, by: str, reason: str | None = None) -> None:
+        """Paused by "user" or by the "executor" (its own request_pause, for `reason`)."""
         if self.paused_since is None:
             self.paused_since, self.paused_by = now, by
+            self.pause_text = "paused by user" if by == "user" else (reason or "paused by the executor")
             self.mirror_dirty = True
 
     def note_resumed(self, now: float) -> None:
         if self.paused_since is not None:
             self.paused_seconds += now - self.paused_since
-            self.paused_since = self.paused_by = None
+            self.paused_since = self.paused_by = self.pause_text = None
             self.mirror_dirty = True
+
+    def shown_text(self, progress_text: str | None) -> str | None:
+        """The status text the row shows: why it is paused while it is (SPEC §14), else the
+        executor's own text."""
+        return self.pause_text if self.paused_since is not None else progress_text
 
     def set_pausable(self, pausable: bool) -> None:
         if pausable != self.pausable:

@@ -495,13 +495,15 @@ def set_pausable(conn: sqlite3.Connection, task_id: str, pausable: bool) -> bool
     return _update_running(conn, task_id, "is_pausable = ?", (int(pausable),))
 
 
-def record_pause_states(conn: sqlite3.Connection, states: Sequence[tuple[str, bool, bool]]) -> None:
-    """Record (task id, is_paused, is_pausable) of running tasks as the supervisor knows them;
-    tasks no longer running are left alone."""
+def record_pause_states(conn: sqlite3.Connection, states: Sequence[tuple[str, bool, bool, str | None]]) -> None:
+    """Record (task id, is_paused, is_pausable, status text) of running tasks as the supervisor
+    knows them (the text: why it is paused, or its executor's own); tasks no longer running are
+    left alone."""
     with write(conn):
         conn.executemany(
-            f"UPDATE task SET is_paused = ?, is_pausable = ? WHERE id = ? AND status = {statuses.RUNNING}",
-            [(int(paused), int(pausable), task_id) for task_id, paused, pausable in states],
+            f"""UPDATE task SET is_paused = ?, is_pausable = ?, status_text = ?
+               WHERE id = ? AND status = {statuses.RUNNING}""",
+            [(int(paused), int(pausable), text, task_id) for task_id, paused, pausable, text in states],
         )
 
 
