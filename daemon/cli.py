@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from daemon import client, config, models, render, specs_input
-from daemon.errors import FredicaError
+from daemon.errors import FredicaError, WaitTimedOut
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
@@ -96,12 +96,17 @@ def settings() -> config.Settings:
     return meta[_SETTINGS]
 
 
-def call(op: str, **args: Any) -> Any:
-    """One request to the daemon named by the config; errors become the exit status (see above)."""
+def daemon_client() -> client.Client:
+    """The command's client of the daemon named by the config (one connection per command)."""
     meta = click.get_current_context().meta
     if _CLIENT not in meta:
         meta[_CLIENT] = client.Client(socket_path=settings().socket)
-    return meta[_CLIENT].call(op, **args)
+    return meta[_CLIENT]
+
+
+def call(op: str, **args: Any) -> Any:
+    """One request to the daemon named by the config; errors become the exit status (see above)."""
+    return daemon_client().call(op, **args)
 
 
 def echo_json(data: Any) -> None:
@@ -434,6 +439,25 @@ def watch(target: str | None) -> None:
         click.echo("")
         return
     click.echo(render.outcome_summary(known.values()))
+    if target is not None and not render.all_completed(known.values()):
+        raise SystemExit(EXIT_REFUSED)  # as `fredica wait`: a script learns that one did not complete
+
+
+@command(main)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--timeout", type=click.FloatRange(min=0), help="give up after this many seconds (exit 1)")
+def wait(ids: tuple[str, ...], timeout: float | None) -> None:
+    """Wait until every task named (a run's id: its tasks) has ended.
+
+    One line per task; exit 0 if all completed, 1 otherwise (or when --timeout passes first)."""
+    try:
+        ended = daemon_client().wait(*ids, timeout=timeout)
+    except WaitTimedOut as exc:
+        echo_lines([render.ended_line(task) for task in exc.tasks])
+        raise
+    echo_lines([render.ended_line(task) for task in ended])
+    if not render.all_completed(ended):
+        raise SystemExit(EXIT_REFUSED)
 
 
 @main.group("restarts", cls=FredicaGroup, invoke_without_command=True)

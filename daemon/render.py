@@ -278,6 +278,20 @@ def progress_line(task: Mapping[str, Any]) -> str:
     return (f"[{bar}] {progress:3d}%  " + " ".join(words)).rstrip()
 
 
+def ended_line(task: Mapping[str, Any]) -> str:
+    """One task's line in `fredica wait`: `3c1d6ff8 SHELL completed`, or its error's first line."""
+    line = f"{short_id(task['id'])} {task['type']} {display_status(task)}"
+    if task.get("error_type"):
+        first = str(task.get("error") or "").splitlines()
+        line += f" {task['error_type']}" + (f": {first[0]}" if first else "")
+    return line
+
+
+def all_completed(tasks: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether every task completed: the exit status of `wait` and of `watch ID` (0, else 1)."""
+    return all(task.get("status") == models.TaskStatus.COMPLETED.value for task in tasks)
+
+
 def outcome_summary(tasks: Iterable[Mapping[str, Any]]) -> str:
     """`watched 3 tasks: 2 completed, 1 failed`"""
     counts: dict[str, int] = {}

@@ -873,7 +873,7 @@ def test_watch_a_run_until_all_its_tasks_end(fake, fredica):
         ]
     )
     result = fredica("watch", RUN)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # one of them did not complete (SPEC §14)
     assert result.stdout.splitlines()[-1] == "watched 2 tasks: 1 completed, 1 cancelled"
     assert fake.requests == [("show", {"id": RUN})] * 3
 

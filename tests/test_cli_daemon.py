@@ -162,6 +162,25 @@ def test_watch_until_the_tasks_end(daemon: Daemon, tmp_path: Path) -> None:
     assert daemon.task(task_id)["status"] == "completed"
 
 
+def test_wait_says_how_each_task_ended_and_exits_1_unless_all_completed(daemon: Daemon, tmp_path: Path) -> None:
+    done = ok(daemon, "submit", "ECHO").strip()
+    assert ok(daemon, "wait", done[:8]) == f"{done[:8]} ECHO completed\n"
+    failed = ok(daemon, "submit", "RAISE").strip()
+    result = fredica(daemon, "wait", done, failed)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{done[:8]} ECHO completed" and lines[1].startswith(f"{failed[:8]} RAISE failed EXCEPTION: ")
+    # `watch ID` exits the same way.
+    assert fredica(daemon, "watch", failed).exit_code == 1 and fredica(daemon, "watch", done).exit_code == 0
+    ready = tmp_path / "hang.ready"
+    hanging = ok(daemon, "submit", "HANG", "--payload", json.dumps({"ready_file": str(ready)})).strip()
+    timed_out = fredica(daemon, "wait", hanging, "--timeout", "0.2")
+    assert timed_out.exit_code == 1 and timed_out.stdout.startswith(f"{hanging[:8]} HANG ")
+    assert timed_out.stderr.strip() == "error: 1 of 1 tasks still active after 0.2s"
+    ok(daemon, "cancel", hanging)
+    assert fredica(daemon, "wait", hanging).stdout.startswith(f"{hanging[:8]} HANG cancelled")
+
+
 def test_status(daemon: Daemon) -> None:
     status = as_json(daemon, "status")
     assert status["pid"] == daemon.process.pid and status["max_workers"] == 2

@@ -151,8 +151,10 @@ def test_kill9_of_the_daemon_ends_its_event_loop_process_and_the_restart_logs_ev
     assert len(pids) == 1  # the three share one event-loop process
     loop_pid = pids.pop()
     d.kill9()
+    # It ends within about a second of the daemon's death (tests/test_event_loop.py times that on
+    # its own); the bound here is loose because four test workers share two cores.
     wait_for(lambda: not psutil.pid_exists(loop_pid) or psutil.Process(loop_pid).status() == psutil.STATUS_ZOMBIE,
-             timeout=5)
+             timeout=15)
     d.start()
     for task_id in waiting:
         task = d.task(task_id)
