@@ -235,7 +235,7 @@ class Handlers:
 
     def op_cancel(self, id: str) -> protocol.CancelReply:
         report = self.sup.cancel(id)
-        return {"cancelled": list(report.cancelled), "stopping": list(report.stopping)}
+        return {"cancelled": list(report.cancelled), "stopping": list(report.stopping), "dependents": report.dependents}
 
     def op_pause(self, id: str) -> dict[str, Any]:
         return self.sup.pause(id).to_dict()

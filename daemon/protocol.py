@@ -141,6 +141,7 @@ class SubmitReply(TypedDict):
 class CancelReply(TypedDict):
     cancelled: list[str]
     stopping: list[str]
+    dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
 
 
 class ShowReply(TypedDict):

@@ -253,10 +253,14 @@ def cancel_summary(reply: Mapping[str, Any]) -> str:
     stopping = list(reply.get("stopping") or [])
     if not cancelled and not stopping:
         return "nothing to cancel: no task was waiting or running"
+    dependents = int(reply.get("dependents") or 0)
+    tasks_that_depend = f"{dependents} task{'s' * (dependents != 1)} that depend{'s' * (dependents == 1)} on it"
     if len(cancelled) + len(stopping) == 1:
         if cancelled:
-            return f"cancelled {cancelled[0]}"
-        return f"stopping {stopping[0]} (cancel sent to the running task)"
+            return f"cancelled {cancelled[0]}" + (f", and the {tasks_that_depend}" if dependents else "")
+        line = f"stopping {stopping[0]} (cancel sent to the running task)"
+        verb = "is" if dependents == 1 else "are"
+        return line + (f"; the {tasks_that_depend} {verb} cancelled once it stops" if dependents else "")
     parts = []
     if cancelled:
         parts.append(f"cancelled {len(cancelled)} task{'s' * (len(cancelled) != 1)}")

@@ -57,6 +57,9 @@ class CancelReport:
 
     cancelled: tuple[str, ...]
     stopping: tuple[str, ...]
+    # A task's cancel: the tasks that depend on it, not ended, which its cancel cancels with it
+    # (at once for a waiting task, once a running one has stopped). A run's: counted in `cancelled`.
+    dependents: int = 0
 
 
 class Supervisor:
@@ -821,14 +824,15 @@ class Supervisor:
             log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
             return CancelReport(outcome.cancelled, tuple(stopping))
         task = tasks.get(self.conn, target_id)
+        dependents = tasks.active_downstream(self.conn, task.id)
         if self._request_stop(task.id, "cancel", now, requested=True):
-            return CancelReport((), (task.id,))
+            return CancelReport((), (task.id,), dependents)
         if any(rt.task.id == task.id for rt in self.unrecorded):
             raise InvalidTransition(task.id, task.status.value, models.TaskStatus.CANCELLED.value,
                                     f"task {task.id} has just ended: its outcome is being recorded")
         tasks.cancel(self.conn, task.id, now=now)
-        log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user")
-        return CancelReport((task.id,), ())
+        log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user", dependents=dependents)
+        return CancelReport((task.id,), (), dependents)
 
     def _request_stop(self, task_id: str, reason: str, now: float, *, requested: bool = False) -> bool:
         """Ask a running task's executor to stop; False if no executor of ours runs it.

@@ -452,6 +452,10 @@ def test_show_unknown_id_exits_1(fake, fredica):
     [
         ({"cancelled": [ID_A], "stopping": []}, f"cancelled {ID_A}"),
         ({"cancelled": [], "stopping": [ID_A]}, f"stopping {ID_A} (cancel sent to the running task)"),
+        ({"cancelled": [ID_A], "stopping": [], "dependents": 9999},
+         f"cancelled {ID_A}, and the 9999 tasks that depend on it"),
+        ({"cancelled": [], "stopping": [ID_A], "dependents": 1},
+         f"stopping {ID_A} (cancel sent to the running task); the 1 task that depends on it is cancelled once it stops"),
         ({"cancelled": [ID_A, ID_B], "stopping": [RUN]}, "cancelled 2 tasks, stopping 1 running task"),
     ],
 )

@@ -181,6 +181,23 @@ def test_wait_says_how_each_task_ended_and_exits_1_unless_all_completed(daemon: 
     assert fredica(daemon, "wait", hanging).stdout.startswith(f"{hanging[:8]} HANG cancelled")
 
 
+def test_a_cancel_says_how_many_tasks_that_depend_on_it_it_cancels(daemon: Daemon, tmp_path: Path) -> None:
+    ready = tmp_path / "head.ready"
+    batch = tmp_path / "chain.jsonl"
+    batch.write_text("\n".join([
+        json.dumps({"type": "HANG", "key": "head", "payload": {"ready_file": str(ready)}}),
+        json.dumps({"type": "ECHO", "key": "a", "depends_on": ["head"]}),
+        json.dumps({"type": "ECHO", "key": "b", "depends_on": ["a"]}),
+        json.dumps({"type": "ECHO", "depends_on": ["head", "b"]}),
+    ]) + "\n")
+    head, *below = ok(daemon, "submit", "--batch", str(batch)).split()
+    wait_for(ready.exists)
+    assert ok(daemon, "cancel", head).strip() == (
+        f"stopping {head} (cancel sent to the running task); the 3 tasks that depend on it are cancelled once it stops")
+    for task_id in below:
+        assert daemon.wait_task(task_id, "cancelled")["error_type"] == "DEPENDENCY_FAILED"
+
+
 def test_status(daemon: Daemon) -> None:
     status = as_json(daemon, "status")
     assert status["pid"] == daemon.process.pid and status["max_workers"] == 2
@@ -221,7 +238,8 @@ def test_ids_by_prefix_and_filters_by_the_words_shown(daemon: Daemon, tmp_path: 
     assert waiting not in {t["id"] for t in as_json(daemon, "ls", "--type", "count")}
     run_id = daemon.task(waiting)["workflow_run_id"]
     assert [t["id"] for t in as_json(daemon, "ls", "--run", run_id[:6])] == [waiting]
-    assert ok(daemon, "cancel", short).strip() == f"stopping {counter} (cancel sent to the running task)"
+    assert ok(daemon, "cancel", short).strip() == (
+        f"stopping {counter} (cancel sent to the running task); the 1 task that depends on it is cancelled once it stops")
     daemon.wait_task(counter, "cancelled")
     daemon.wait_task(waiting, "cancelled")
     assert f"task {counter} (COUNT) attempt 1 started" in ok(daemon, "logs", short)

@@ -101,7 +101,7 @@ def test_pause_resume_and_cancel(fredica: Client, tmp_path: Path) -> None:
     assert fredica.resume(task_id)["is_paused"] is False
     waiting = fredica.submit("ECHO", depends_on=[task_id])
     reports = fredica.cancel(task_id)
-    assert reports == [{"cancelled": [], "stopping": [task_id]}]
+    assert reports == [{"cancelled": [], "stopping": [task_id], "dependents": 1}]  # `waiting`, once it stops
     ended = fredica.wait(task_id, waiting, timeout=20)
     assert [t["status"] for t in ended] == ["cancelled", "cancelled"]
 

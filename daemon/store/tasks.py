@@ -570,21 +570,29 @@ def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:
         )
 
 
+# The seqs of every task that depends on the task of seq `?`, directly or transitively.
+_BELOW = """
+    WITH RECURSIVE below(seq) AS (
+        SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?
+        UNION
+        SELECT d.task_seq FROM task_dependency AS d JOIN below ON d.depends_on_seq = below.seq
+    )
+"""
+
+
 def downstream(conn: sqlite3.Connection, task_id: str) -> list[Task]:
     """Every task that depends on `task_id`, directly or transitively, in submission order."""
     seq = _current(conn, task_id)["seq"]
-    rows = conn.execute(
-        """
-        WITH RECURSIVE below(seq) AS (
-            SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?
-            UNION
-            SELECT d.task_seq FROM task_dependency AS d JOIN below ON d.depends_on_seq = below.seq
-        )
-        SELECT task.* FROM task JOIN below USING (seq) ORDER BY seq
-        """,
-        (seq,),
-    )
+    rows = conn.execute(f"{_BELOW} SELECT task.* FROM task JOIN below USING (seq) ORDER BY seq", (seq,))
     return [Task.from_row(row) for row in rows]
+
+
+def active_downstream(conn: sqlite3.Connection, task_id: str) -> int:
+    """How many tasks not yet ended depend on `task_id`, directly or transitively."""
+    seq = _current(conn, task_id)["seq"]
+    return conn.execute(
+        f"{_BELOW} SELECT count(*) FROM task JOIN below USING (seq) WHERE status IN ({statuses.ACTIVE})", (seq,)
+    ).fetchone()[0]
 
 
 def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
