@@ -180,7 +180,7 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
             reply = call("submit", tasks=specs)
         except FredicaError as exc:
             raise specs_input.batch_line_error(exc, numbers) from None
-        _echo_submitted(reply)
+        _echo_submitted(reply, specs)
         return
     from daemon import submission
 
@@ -188,21 +188,25 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
     submission.parse_spec(specs[0])
     # A single task's run is about its material too.
     material = {} if options["material_id"] is None else {"material_id": options["material_id"]}
-    _echo_submitted(call("submit", tasks=specs, **material))
+    _echo_submitted(call("submit", tasks=specs, **material), specs)
 
 
-def _echo_submitted(reply: dict[str, Any]) -> None:
+def _echo_submitted(reply: dict[str, Any], specs: Sequence[dict[str, Any]] = ()) -> None:
     """Each task's id on stdout; on stderr, a note for each that was already active."""
     for task in reply.get("tasks", []):
         click.echo(task["id"])
-    _note_already_active(reply)
+    _note_already_active(reply, specs)
 
 
-def _note_already_active(reply: dict[str, Any]) -> None:
-    """On stderr, a note for each task of the reply that was already active (not submitted)."""
-    for task in reply.get("tasks", []):
+def _note_already_active(reply: dict[str, Any], specs: Sequence[dict[str, Any]] = ()) -> None:
+    """On stderr, a note for each task of the reply that was already active (not submitted),
+    naming its idempotency key when the submitted `specs` say it (they are in the reply's order)."""
+    submitted = list(specs)
+    for index, task in enumerate(reply.get("tasks", [])):
         if not task.get("created", True):
-            click.echo(f"task {task['id']} already active with idempotency key (not submitted again)", err=True)
+            key = submitted[index].get("idempotency_key") if index < len(submitted) else None
+            named = f" {json.dumps(key, ensure_ascii=False)}" if key is not None else ""
+            click.echo(f"task {task['id']} already active with idempotency key{named} (not submitted again)", err=True)
 
 
 def _parse_settings(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:

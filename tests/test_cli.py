@@ -196,7 +196,16 @@ def test_duplicate_idempotency_key_prints_the_existing_id_and_says_so(fake, fred
     result = fredica("submit", "SHELL", "--idempotency-key", "k")
     assert result.exit_code == 0
     assert result.stdout == f"{ID_B}\n"
-    assert result.stderr == f"task {ID_B} already active with idempotency key (not submitted again)\n"
+    assert result.stderr == f'task {ID_B} already active with idempotency key "k" (not submitted again)\n'
+
+
+def test_a_batch_names_the_key_of_each_task_already_active(fake, fredica, tmp_path):
+    fake.handlers["submit"] = {"run_id": RUN, "tasks": [{"id": ID_A, "created": True}, {"id": ID_B, "created": False}]}
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"type": "SHELL", "idempotency_key": "new"}\n{"type": "SHELL", "idempotency_key": "old"}\n')
+    result = fredica("submit", "--batch", str(batch))
+    assert result.exit_code == 0 and result.stdout == f"{ID_A}\n{ID_B}\n"
+    assert result.stderr == f'task {ID_B} already active with idempotency key "old" (not submitted again)\n'
 
 
 @pytest.mark.parametrize(
