@@ -21,7 +21,7 @@ import functools
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import structlog
 
@@ -531,10 +531,10 @@ class Supervisor:
                 raise  # the database's fault, not the task's: the whole tick is rolled back
             rt.log.exception("supervisor_error")
 
-    def _free(self, queue: str) -> int:
-        """How many more attempts `queue` may start now (none, or less than none, when shrunk)."""
-        busy = sum(1 for rt in self.running.values() if rt.task.queue == queue)
-        return self.queues.workers[queue] - busy
+    def _free(self, queue: str, busy: Mapping[str, int]) -> int:
+        """How many more attempts `queue` may start now (none, or less than none, when shrunk),
+        `busy` being `busy_by_queue()`: counted once per pass, not once per queue."""
+        return self.queues.workers[queue] - busy.get(queue, 0)
 
     def _claim(self, now: float) -> None:
         """Each queue that is not paused claims into its own free workers, by priority, then
@@ -543,8 +543,9 @@ class Supervisor:
         again = True
         while again:
             again = False
+            busy = self.busy_by_queue()  # a dispatch adds to its own queue only
             for queue in self.queues.claimable():
-                free = self._free(queue)
+                free = self._free(queue, busy)
                 if free <= 0:
                     continue
                 batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote)
@@ -577,7 +578,8 @@ class Supervisor:
         s = self.settings
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
-        if self._delayed_possible and any(self._free(name) > 0 for name in self.queues.claimable()):
+        busy = self.busy_by_queue() if self._delayed_possible else {}
+        if self._delayed_possible and any(self._free(name, busy) > 0 for name in self.queues.claimable()):
             # A delay matters with a free worker.
             ready_at = tasks.next_ready_at(self.conn)
             if ready_at is not None:
