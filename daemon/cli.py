@@ -618,3 +618,21 @@ def queue_workers(name: str, workers: int) -> None:
     call("queue_workers", name=name, workers=workers)
     click.echo(f"queue {name} now has {workers} worker{'s' * (workers != 1)} "
                "(until the daemon stops: the config sets it at the next start)")
+
+
+@command(main, "http-token")
+def http_token() -> None:
+    """Print the bearer token of the HTTP API and web page ([http] in the config).
+
+    The daemon creates it (0600, in [http] token_file) when it first starts with [http] listen set.
+    """
+    path = settings().token_file
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        raise FredicaError(f"no HTTP token in {path} yet: the daemon makes it when it starts with [http] listen set")
+    except OSError as exc:
+        raise FredicaError(f"cannot read the HTTP token file {path}: {exc.strerror}") from None
+    if not token:
+        raise FredicaError(f"the HTTP token file {path} is empty")
+    click.echo(token)

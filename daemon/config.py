@@ -64,6 +64,9 @@ class Settings:
     templates: Mapping[str, templates.Template] = dataclasses.field(default_factory=dict)
     # The [queues.NAME] tables (`default` only with its event-loop settings); `all_queues` has every queue.
     queues: Mapping[str, queues.QueueConfig] = dataclasses.field(default_factory=dict)
+    # [http] (SPEC §17): "host:port" to serve the API, page and metrics on; None keeps it off.
+    http_listen: tuple[str, int] | None = None
+    http_token_file: Path | None = None  # None: `http-token` beside the database
     source: Path | None = None
 
     @classmethod
@@ -87,6 +90,11 @@ class Settings:
     @property
     def daemon_log(self) -> Path:
         return self.log_dir / "daemon.log"
+
+    @property
+    def token_file(self) -> Path:
+        """Where the HTTP API's bearer token is kept (SPEC §17)."""
+        return self.http_token_file if self.http_token_file is not None else self.database.parent / "http-token"
 
 
 # key → (type check, extra check, message for the check)
@@ -120,7 +128,32 @@ RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),
     "backoff_max": ((int, float), _NON_NEGATIVE),
 }
-SECTIONS = {"daemon", "retry", "executors", "templates", "queues"}
+SECTIONS = {"daemon", "retry", "executors", "templates", "queues", "http"}
+HTTP_KEYS = {"listen": (str, None), "token_file": (str, None)}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """("host", port) from "host:port" ("[::1]:8765" for IPv6); ConfigError naming the value."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f'[http] listen must look like "127.0.0.1:8765", not {text!r}')
+    return host, int(port)
+
+
+def _http_values(table: Any, env: Mapping[str, str], source: Path | None) -> dict[str, Any]:
+    if not isinstance(table, Mapping):
+        raise ConfigError("[http] must be a table")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in HTTP_KEYS:
+            raise ConfigError(f"[http] unknown key {key!r}")
+        _check("http", key, value, HTTP_KEYS[key])
+    if "listen" in table:
+        values["http_listen"] = parse_listen(table["listen"])
+    if "token_file" in table:
+        values["http_token_file"] = _path("token_file", table["token_file"], env, source, section="http")
+    return values
 
 
 def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
@@ -138,24 +171,24 @@ def _check(section: str, key: str, value: Any, spec: tuple[Any, Any]) -> Any:
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
-def _path(key: str, text: str, env: Mapping[str, str], source: Path | None) -> Path:
+def _path(key: str, text: str, env: Mapping[str, str], source: Path | None, section: str = "daemon") -> Path:
     """A path from the config: $VARIABLES and ~ expanded; a relative one is relative to the config
     file (never to whatever directory the daemon or a CLI command happens to run in)."""
     if not text.strip():
-        raise ConfigError(f"[daemon] {key} must not be empty")
+        raise ConfigError(f"[{section}] {key} must not be empty")
 
     def value_of(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
         if not env.get(name):
-            raise ConfigError(f"[daemon] {key} uses ${name}, which is not set here")
+            raise ConfigError(f"[{section}] {key} uses ${name}, which is not set here")
         return env[name].split(":")[0] if name.endswith("_DIRECTORY") else env[name]  # systemd may list several
 
     path = Path(_VARIABLE.sub(value_of, text)).expanduser()
     if "\0" in str(path):
-        raise ConfigError(f"[daemon] {key} must not contain a NUL character")
+        raise ConfigError(f"[{section}] {key} must not contain a NUL character")
     if not path.is_absolute():
         if source is None:
-            raise ConfigError(f"[daemon] {key} must be an absolute path, not {text!r}")
+            raise ConfigError(f"[{section}] {key} must be an absolute path, not {text!r}")
         path = source.resolve().parent / path
     return path
 
@@ -178,6 +211,7 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
     for key in ("database", "socket", "log_dir"):
         if key in values:
             values[key] = _path(key, values[key], os.environ if env is None else env, source)
+    values.update(_http_values(data.get("http", {}), os.environ if env is None else env, source))
     if values.get("synchronous"):
         values["synchronous"] = values["synchronous"].lower()
     executors = data.get("executors", {})

@@ -149,11 +149,17 @@ def _serve(settings: config.Settings) -> int:
                                    request_timeout=settings.request_timeout)
     with _starting(f"cannot listen on {settings.socket}"):
         server.bind()
+    http = None
     try:
         notifier = Notifier()
         with _starting("cannot start the supervisor", database=settings.database):
             supervisor = Supervisor(settings, notifier=notifier)
         handlers = operations.Handlers(supervisor)
+        if settings.http_listen is not None:
+            from daemon.web.server import HttpServer  # its libraries only when it is on
+
+            with _starting(f"cannot start the HTTP server on {settings.http_listen[0]}:{settings.http_listen[1]}"):
+                http = HttpServer(settings, handlers.handle, supervisor)
 
         def on_signal(signum: int, _frame: object) -> None:
             # Only set flags (the loop does the work); a second signal does not shorten the grace.
@@ -173,6 +179,8 @@ def _serve(settings: config.Settings) -> int:
         supervisor.bind_loop_thread()
         server.writes_to_loop(supervisor.hand_over, CALL_TIMEOUT)
         server.serve()
+        if http is not None:
+            http.serve()
         notifier.ready(
             f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "
             + supervisor.summary()
@@ -181,6 +189,8 @@ def _serve(settings: config.Settings) -> int:
                  max_workers=settings.max_workers)
         supervisor.run()
     finally:
+        if http is not None:
+            http.close()
         server.close()
     log.info("daemon_stopped", exit_status=supervisor.exit_status)
     return supervisor.exit_status

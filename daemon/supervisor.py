@@ -128,6 +128,8 @@ class Supervisor:
         # until one is scheduled again. True at first: recovery may have left some.
         self._delayed_possible = True
         self._loops_due: list[float] = []  # when to look at the event-loop processes' heartbeats
+        # Told of each attempt whose outcome was committed (the HTTP server's metrics): keep them cheap.
+        self.attempt_observers: list[Callable[[Attempt], None]] = []
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -785,6 +787,7 @@ class Supervisor:
             with db.savepoint(self.conn):  # its statements are undone together if one fails
                 self._write_mirrors(rt.ended_at, only=rt)
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
+                self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
         except InvalidTransition:
             # The row is no longer `running` (a bug of ours let something else change it):
             # retrying would fail for ever; what the row says now stands.

@@ -63,7 +63,22 @@ def list_tasks(
     """Tasks in submission order, filtered by status(es), run and type (any case).
 
     A status is a stored one or a word people see (`waiting`, `paused`: see `_status_clause`)."""
-    clauses, params = [], []
+    clauses, params = filter_clauses(status=status, run_id=run_id, task_type=task_type)
+    sql = "SELECT * FROM task"
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    sql += " ORDER BY seq"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [Task.from_row(row) for row in conn.execute(sql, params)]
+
+
+def filter_clauses(*, status: str | Iterable[str] | None = None, run_id: str | None = None,
+                   task_type: str | None = None) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (to join with AND) and their parameters for `list_tasks`'s filters."""
+    clauses: list[str] = []
+    params: list[Any] = []
     if status is not None:
         clause, values = _status_clause([status] if isinstance(status, str) else list(status))
         clauses.append(clause)
@@ -74,14 +89,7 @@ def list_tasks(
     if task_type is not None:
         clauses.append("type = ? COLLATE NOCASE")
         params.append(task_type)
-    sql = "SELECT * FROM task"
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    sql += " ORDER BY seq"
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
-    return [Task.from_row(row) for row in conn.execute(sql, params)]
+    return clauses, params
 
 
 def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:

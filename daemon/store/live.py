@@ -1,0 +1,72 @@
+"""Reads for the web page and its live feed (SPEC §17): newest tasks by page, what changed since a
+look, and the tallies `/metrics` reports. Nothing here writes.
+
+The live feed looks at the few tasks that are claimed or running (through `task_by_status`) and at
+the rows added since its last look (by `seq`), so one look costs the same with 10 or 100,000
+tasks stored; the tallies read indexes only.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Sequence
+
+from daemon.store import tasks
+
+# What the page shows of a task, and what a change of it is pushed with.
+LIVE_COLUMNS = ("seq", "id", "type", "workflow_run_id", "queue", "status", "progress", "status_text", "is_paused",
+                "is_pausable", "priority", "error_type", "created_at", "started_at", "completed_at")
+_SELECT = f"SELECT {', '.join(LIVE_COLUMNS)} FROM task"
+
+
+def _dicts(rows: Any) -> list[dict[str, Any]]:
+    return [dict(zip(LIVE_COLUMNS, row)) for row in rows]
+
+
+def active(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """The claimed and running tasks (never more than the workers and their prefetch)."""
+    return _dicts(conn.execute(f"{_SELECT} WHERE status IN ('claimed', 'running')"))
+
+
+def added_since(conn: sqlite3.Connection, seq: int, limit: int) -> list[dict[str, Any]]:
+    """Tasks stored after `seq`, oldest first, at most `limit`."""
+    return _dicts(conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)))
+
+
+def by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The named tasks as they are now (an id no longer stored is left out)."""
+    if not ids:
+        return []
+    return _dicts(conn.execute(f"{_SELECT} WHERE id IN ({', '.join('?' * len(ids))})", list(ids)))
+
+
+def last_seq(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM task").fetchone()[0]
+
+
+def newest(conn: sqlite3.Connection, *, status: str | None = None, run_id: str | None = None,
+           task_type: str | None = None, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
+    """One page of tasks, newest first, older than seq `before` when given; with how many match
+    in all (filtered as `tasks.list_tasks`)."""
+    clauses, params = tasks.filter_clauses(status=status, run_id=run_id, task_type=task_type)
+    total = conn.execute(f"SELECT count(*) FROM task{_where(clauses)}", params).fetchone()[0]
+    if before is not None:
+        clauses, params = [*clauses, "seq < ?"], [*params, before]
+    rows = conn.execute(f"{_SELECT}{_where(clauses)} ORDER BY seq DESC LIMIT ?", [*params, limit])
+    return _dicts(rows), total
+
+
+def _where(clauses: list[str]) -> str:
+    return (" WHERE " + " AND ".join(clauses)) if clauses else ""
+
+
+# --- tallies for /metrics ------------------------------------------------------------------------
+
+
+def tasks_by_status_and_queue(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
+    """(status, queue, count) for every pair that has tasks."""
+    return list(conn.execute("SELECT status, queue, count(*) FROM task GROUP BY status, queue"))
+
+
+def restart_entries_by_disposition(conn: sqlite3.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT disposition, count(*) FROM restart_task_log GROUP BY disposition"))

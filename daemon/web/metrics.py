@@ -1,0 +1,89 @@
+"""`/metrics` in Prometheus's text format, through prometheus-client.
+
+Counts are read when Prometheus scrapes (`FredicaCollector`), from indexes and from what the
+supervisor keeps in memory, rather than kept in gauges moved on every transition: a scrape every
+15 s costs less than a write per task change. Only attempt durations need to be caught as they
+happen: the supervisor calls `AttemptDurations.observe` after an attempt's outcome is committed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from daemon.store import db, live
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Seconds: from a quick SHELL task to a transcode of hours.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
+
+
+class FredicaCollector:
+    """What the daemon is doing, read at scrape time."""
+
+    def __init__(self, supervisor: Any) -> None:
+        self.sup = supervisor
+        self._local = threading.local()
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = db.connect(self.sup.settings.database)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+        return conn
+
+    def collect(self) -> Iterator[Metric]:
+        sup = self.sup
+        conn = self._reader()
+        by_status = GaugeMetricFamily("fredica_tasks", "Tasks stored, by status and queue", labels=["status", "queue"])
+        for status, queue, count in live.tasks_by_status_and_queue(conn):
+            by_status.add_metric([status, queue], count)
+        yield by_status
+        busy = sup.busy_by_queue()
+        workers = GaugeMetricFamily("fredica_workers", "Worker slots, by queue", labels=["queue"])
+        busy_workers = GaugeMetricFamily("fredica_busy_workers", "Workers running an attempt, by queue",
+                                         labels=["queue"])
+        for name in sup.queues.names:
+            workers.add_metric([name], sup.queues.workers[name])
+            busy_workers.add_metric([name], busy.get(name, 0))
+        yield workers
+        yield busy_workers
+        finished = CounterMetricFamily("fredica_tasks_finished", "Tasks that ended since the daemon started, by status",
+                                       labels=["status"])
+        for status, count in sup.finished_counts.items():
+            finished.add_metric([str(status)], count)
+        yield finished
+        restarts = GaugeMetricFamily("fredica_restart_log_entries", "Restart-log entries, by disposition",
+                                     labels=["disposition"])
+        for disposition, count in live.restart_entries_by_disposition(conn).items():
+            restarts.add_metric([disposition], count)
+        yield restarts
+        yield CounterMetricFamily("fredica_database_faults", "Database write faults ridden out since start",
+                                  value=sup.database_faults)
+        yield GaugeMetricFamily("fredica_database_fault_active", "1 while the database cannot be written",
+                                value=0 if sup.fault is None else 1)
+        yield GaugeMetricFamily("fredica_uptime_seconds", "Seconds since the daemon started",
+                                value=sup.clock() - sup.started_at)
+
+
+class Metrics:
+    """The daemon's registry: the collector and the attempt-duration histogram."""
+
+    def __init__(self, supervisor: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FredicaCollector(supervisor))  # type: ignore[arg-type]
+        self.durations = Histogram("fredica_attempt_duration_seconds", "How long attempts ran, by task type",
+                                   ["type"], registry=self.registry, buckets=DURATION_BUCKETS)
+
+    def observe_attempt(self, attempt: Any) -> None:
+        """An attempt's outcome was committed (called on the supervisor's loop thread: cheap)."""
+        if attempt.ended_at is not None:
+            self.durations.labels(attempt.task.type).observe(max(0.0, attempt.ended_at - attempt.started_at))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

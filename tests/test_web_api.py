@@ -1,0 +1,395 @@
+"""The HTTP API (SPEC §17) against a real daemon with `[http] listen` on a free port: every
+operation, every class of error, the token, CORS, the body limit, /metrics and the live events."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from daemon import cli, config, protocol
+from daemon.errors import ConfigError
+from tests.conftest import wait_for
+from tests.web_harness import HttpDaemon
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
+    daemon = HttpDaemon(tmp_path_factory.mktemp("web") / "d", max_workers=3)
+    try:
+        yield daemon.start()
+    finally:
+        daemon.kill_if_running()
+
+
+def count_task(d: HttpDaemon, n: int = 100_000, step: float = 0.02) -> str:
+    tasks = [{"type": "COUNT", "payload": {"n": n, "step": step, "count_file": str(d.root / "c"),
+                                          "state_file": str(d.root / "s")}}]
+    return d.api("submit", tasks=tasks)["tasks"][0]["id"]
+
+
+def hang_task(d: HttpDaemon, name: str) -> str:
+    return d.api("submit", tasks=[{"type": "HANG", "payload": {"ready_file": str(d.root / name)}}])["tasks"][0]["id"]
+
+
+def stored(d: HttpDaemon) -> int:
+    """How many tasks the daemon holds (tasks of earlier tests may still change status)."""
+    return sum(d.get("/api/v1/status").data["counts"].values())
+
+
+def wait_status(d: HttpDaemon, task_id: str, *statuses: str) -> dict[str, Any]:
+    return wait_for(lambda: (t := d.api("show", id=task_id)["object"])["status"] in statuses and t, 20)
+
+
+# --- every operation ---------------------------------------------------------------------------
+
+
+def test_every_operation_of_the_protocol_table_is_served(d: HttpDaemon) -> None:
+    # Generic over OPERATIONS: an operation added to the table is served with no code of its own.
+    # An empty body is either answered or refused for its arguments, never an unknown request.
+    for op, operation in protocol.OPERATIONS.items():
+        reply = d.raw("POST", f"/api/v1/{op}", b"")
+        assert reply.json is not None, (op, reply.status)
+        required = [name for name, argument in operation.arguments.items() if argument.required]
+        if required:
+            assert reply.status == 400 and reply.kind == "ProtocolError", (op, reply.json)
+            assert f"{required[0]} is required" in reply.json["error"]["message"]
+        else:
+            assert reply.status == 200 and reply.json["ok"], (op, reply.json)
+
+
+def test_reads_by_get_with_query_arguments(d: HttpDaemon) -> None:
+    task_id = d.api("submit", tasks=[{"type": "ECHO", "payload": {"x": 1}}])["tasks"][0]["id"]
+    wait_status(d, task_id, "completed")
+    status = d.get("/api/v1/status").data
+    assert status["pid"] == d.process.pid and status["counts"]["completed"] >= 1
+    listed = d.get("/api/v1/ls?status=completed&type=echo&limit=1").data
+    assert len(listed) == 1 and listed[0]["type"] == "ECHO"
+    shown = d.get(f"/api/v1/show?id={task_id[:8]}").data
+    assert shown["kind"] == "task" and shown["object"]["result"]["echo"] == {"x": 1}
+    waited = d.get(f"/api/v1/wait?ids={task_id}&timeout=5").data
+    assert waited["ended"] and waited["tasks"][0]["id"] == task_id
+    assert d.get(f"/api/v1/log_path?id={task_id}").data["path"].endswith(f"{task_id}.log")
+    assert d.get("/api/v1/restarts?all=true").data == []
+    assert [q["name"] for q in d.get("/api/v1/queues").data] == ["default"]
+    types = {t["type"]: t for t in d.get("/api/v1/types").data}
+    assert types["COUNT"]["pausable"] and not types["HANG"]["pausable"]
+    assert [t["name"] for t in d.get("/api/v1/templates").data] == ["count_then_echo"]
+    run_id = shown["object"]["workflow_run_id"]
+    assert run_id in [r["id"] for r in d.get("/api/v1/runs?limit=50").data]
+
+
+def test_submit_run_wait_and_cancel_by_post(d: HttpDaemon) -> None:
+    started = d.api("run", template="count_then_echo", params={"n": "3"})
+    count_id, echo_id = started["tasks"][0]["id"], started["tasks"][1]["id"]
+    waited = d.api("wait", ids=[started["run_id"]], timeout=10)
+    assert waited["ended"] and [t["status"] for t in waited["tasks"]] == ["completed", "completed"]
+    assert d.api("show", id=started["run_id"])["object"]["status"] == "completed"
+    long_id = count_task(d)
+    wait_status(d, long_id, "running")
+    cancelled = d.api("cancel", id=long_id)
+    assert cancelled["stopping"] == [long_id]
+    assert wait_status(d, long_id, "cancelled")["error_type"] == "CANCELLED"
+    assert {count_id, echo_id}.isdisjoint(cancelled["cancelled"])
+
+
+def test_pause_and_resume_and_their_refusals(d: HttpDaemon) -> None:
+    task_id = count_task(d)
+    wait_status(d, task_id, "running")
+    assert d.api("pause", id=task_id)["is_paused"] is True
+    again = d.post("pause", id=task_id)
+    assert again.status == 409, again.json
+    assert d.api("resume", id=task_id)["is_paused"] is False
+    hang_id = hang_task(d, "pause-hang")
+    wait_status(d, hang_id, "running")
+    refused = d.post("pause", id=hang_id)
+    assert refused.status == 409 and refused.kind == "NotPausable", refused.json
+    for target in (task_id, hang_id):
+        d.api("cancel", id=target)
+    wait_status(d, task_id, "cancelled")
+    finished = d.post("pause", id=task_id)
+    assert finished.status == 409 and finished.kind in ("InvalidTransition", "NotPausable"), finished.json
+
+
+def test_queue_operations(d: HttpDaemon) -> None:
+    assert d.api("queue_pause", name="default") == {"name": "default", "changed": True}
+    assert d.get("/api/v1/queues").data[0]["paused"] is True
+    assert d.api("queue_resume", name="default")["changed"] is True
+    assert d.api("queue_workers", name="default", workers=4) == {"name": "default", "workers": 4}
+    assert d.get("/api/v1/status").data["max_workers"] == 4
+    d.api("queue_workers", name="default", workers=3)
+    unknown = d.post("queue_pause", name="nope")
+    assert unknown.status == 400 and unknown.kind == "QueueError", unknown.json
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_in_one_line_with_its_status(d: HttpDaemon) -> None:
+    before = stored(d)
+    cases = [
+        (d.get("/api/v1/ls?limit=many"), 400, "ProtocolError", "limit must be int | None"),
+        (d.get("/api/v1/ls?colour=red"), 400, "ProtocolError", 'ls does not take "colour"'),
+        (d.get("/api/v1/ls?status=bogus"), 400, "ProtocolError", 'unknown status "bogus"'),
+        (d.raw("POST", "/api/v1/submit", b"{not json"), 400, "ProtocolError", "not valid JSON"),
+        (d.raw("POST", "/api/v1/submit", b"[1]"), 400, "ProtocolError", "not a JSON object"),
+        (d.raw("POST", "/api/v1/submit", b'{"tasks": [{"type": "\\ud800"}]}'), 400, "NotText", "lone surrogate"),
+        (d.raw("POST", "/api/v1/submit", b"\xff\xfe"), 400, "ProtocolError", "not UTF-8"),
+        (d.post("submit", tasks=[{"type": "NOPE_TYPE"}]), 400, None, "NOPE_TYPE"),
+        (d.post("submit", tasks=[{"type": "ECHO", "depends_on": ["ffffffff-0000"]}]), None, None, ""),
+        (d.get("/api/v1/show?id=ab"), 400, "IdTooShort", "at least 4"),
+        (d.get("/api/v1/show?id=ffffffff"), 404, "UnknownTask", "ffffffff"),
+        (d.post("cancel", id="ffffffff"), 404, None, "ffffffff"),
+        (d.post("restarts_dismiss", id=999_999), 404, "UnknownRestartEntry", "999999"),
+        (d.get("/api/v1/nope"), 404, "ProtocolError", 'unknown request "nope"'),
+        (d.get("/api/v1/cancel?id=x"), 405, "ProtocolError", "POST it"),
+    ]
+    for reply, status, kind, words in cases:
+        assert reply.json["ok"] is False, reply.json
+        if status is not None:
+            assert reply.status == status, (reply.status, reply.json)
+        else:
+            assert reply.status in (400, 404), reply.json
+        if kind is not None:
+            assert reply.kind == kind, reply.json
+        message = reply.json["error"]["message"]
+        assert words in message and "\n" not in message, message
+    assert stored(d) == before  # nothing was stored
+    assert d.process.poll() is None
+
+
+def test_a_body_over_the_socket_limit_is_refused_with_413(d: HttpDaemon) -> None:
+    before = stored(d)
+    body = json.dumps({"tasks": [{"type": "ECHO", "payload": {"blob": "x" * (10 * 1024 * 1024)}}]}).encode()
+    reply = d.raw("POST", "/api/v1/submit", body)
+    assert reply.status == 413 and reply.kind == "FrameTooLarge", reply.json
+    # Without a length given up front (chunked), it is cut off once past the limit.
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    chunks = (b"x" * (1024 * 1024) for _ in range(10))
+    try:
+        conn.request("POST", "/api/v1/submit", body=chunks, encode_chunked=True,
+                     headers={"Authorization": f"Bearer {d.token}"})
+        response = conn.getresponse()
+        assert response.status == 413, response.read()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed while the client still sent: refused all the same
+    finally:
+        conn.close()
+    assert stored(d) == before
+
+
+def test_every_request_needs_the_token_but_the_page_files(d: HttpDaemon) -> None:
+    wrong = "x" * len(d.token)
+    for path in ("/api/v1/status", "/api/v1/ls", "/metrics", "/api/v1/events", "/api/v1/page/tasks"):
+        for token in (None, wrong, d.token[:-1]):
+            reply = d.get(path, token=token)
+            assert reply.status == 401 and reply.kind == "PermissionDenied", (path, reply.status)
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+    refused = d.raw("POST", "/api/v1/submit", json.dumps({"tasks": [{"type": "ECHO"}]}).encode(), token=None)
+    assert refused.status == 401
+    basic = d.get("/api/v1/status", token=None, headers={"Authorization": "Basic " + d.token})
+    assert basic.status == 401
+    for path in ("/", "/page.js", "/page.css"):
+        page = d.get(path, token=None)
+        assert page.status == 200 and page.body, path
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert "<title>fredica</title>" in d.get("/", token=None).body.decode()
+
+
+def test_no_cookies_and_cors_stays_closed(d: HttpDaemon) -> None:
+    before = stored(d)
+    preflight = d.raw("OPTIONS", "/api/v1/submit", token=None, headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status == 403
+    cross = d.raw("POST", "/api/v1/submit", json.dumps({"tasks": [{"type": "ECHO"}]}).encode(),
+                  headers={"Origin": "http://evil.example"})
+    assert cross.status == 403 and cross.kind == "PermissionDenied"
+    same = d.get("/api/v1/status", headers={"Origin": d.base_url})
+    assert same.status == 200
+    for reply in (preflight, cross, same, d.get("/", token=None), d.get("/metrics")):
+        assert not any(name.startswith("access-control-") for name in reply.headers), reply.headers
+        assert "set-cookie" not in reply.headers
+    assert stored(d) == before
+
+
+# --- the page's reads --------------------------------------------------------------------------
+
+
+def test_page_tasks_are_newest_first_and_paged(d: HttpDaemon) -> None:
+    ids = [d.api("submit", tasks=[{"type": "ECHO", "payload": {"i": i}}])["tasks"][0]["id"] for i in range(3)]
+    first = d.get("/api/v1/page/tasks?type=ECHO&limit=2").data
+    assert [t["id"] for t in first["tasks"]] == [ids[2], ids[1]]
+    assert first["total"] >= 3
+    older = d.get(f"/api/v1/page/tasks?type=ECHO&limit=1&before={first['tasks'][-1]['seq']}").data
+    assert older["tasks"][0]["id"] == ids[0]
+    run = d.api("show", id=ids[1])["object"]["workflow_run_id"]
+    assert [t["id"] for t in d.get(f"/api/v1/page/tasks?run={run[:8]}").data["tasks"]] == [ids[1]]
+    assert d.get("/api/v1/page/tasks?status=bogus").status == 400
+    assert d.get("/api/v1/page/tasks?limit=0").status == 400
+
+
+def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=20)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {d.token}"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    event = None
+    try:
+        while True:
+            line = response.readline()
+            if not line:
+                return
+            text = line.decode().rstrip("\n")
+            if text.startswith("event: "):
+                event = text[len("event: "):]
+            elif text.startswith("data: "):
+                yield event, json.loads(text[len("data: "):])
+    finally:
+        conn.close()
+
+
+def test_task_log_is_followed_until_the_task_ends(d: HttpDaemon) -> None:
+    task_id = d.api("submit", tasks=[{"type": "PRINT"}])["tasks"][0]["id"]
+    wait_status(d, task_id, "completed")
+    texts = []
+    for event, data in sse_events(d, f"/api/v1/page/log?id={task_id[:8]}"):
+        if event == "end":
+            break
+        texts.append(data["text"])
+    assert "hello on stdout" in "".join(texts)
+    assert d.get("/api/v1/page/log?id=ffffffff").status == 404
+
+
+def test_events_push_progress_and_the_end_of_a_task(d: HttpDaemon) -> None:
+    stream = sse_events(d, "/api/v1/events")
+    assert next(stream)[0] == "hello"
+    task_id = count_task(d, n=40, step=0.05)
+    progress: list[int] = []
+    for event, data in stream:
+        assert event == "tasks"
+        mine = [t for t in data.get("tasks", []) if t["id"] == task_id]
+        progress += [t["progress"] for t in mine]
+        if any(t["status"] == "completed" for t in mine):
+            break
+    assert len(set(progress)) >= 3 and progress == sorted(progress) and progress[-1] == 100, progress
+    stream.close()
+
+
+# --- /metrics ----------------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if match and match.group(1) == name:
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            if all(found.get(key) == value for key, value in labels.items()):
+                return float(match.group(3))
+    raise AssertionError(f"no {name} {labels} in /metrics")
+
+
+def test_metrics(d: HttpDaemon) -> None:
+    task_id = d.api("submit", tasks=[{"type": "ECHO", "payload": {"m": 1}}])["tasks"][0]["id"]
+    wait_status(d, task_id, "completed")
+    hang_id = hang_task(d, "metrics-hang")
+    wait_status(d, hang_id, "running")
+    reply = d.get("/metrics")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
+    text = reply.body.decode()
+    completed = len(d.api("ls", status="completed"))
+    assert metric(text, "fredica_tasks", status="completed", queue="default") == completed
+    assert metric(text, "fredica_busy_workers", queue="default") >= 1
+    assert metric(text, "fredica_workers", queue="default") == 3
+    assert metric(text, "fredica_attempt_duration_seconds_count", type="ECHO") >= 1
+    assert metric(text, "fredica_attempt_duration_seconds_bucket", type="ECHO", le="+Inf") >= 1
+    assert metric(text, "fredica_database_faults_total") == 0
+    assert metric(text, "fredica_database_fault_active") == 0
+    d.api("cancel", id=hang_id)
+    wait_status(d, hang_id, "cancelled")
+    assert metric(d.get("/metrics").body.decode(), "fredica_tasks_finished_total", status="cancelled") >= 1
+
+
+# --- the token file, restarts, start and stop --------------------------------------------------
+
+
+def test_token_file_is_private_kept_across_restarts_and_printed(tmp_path: Path) -> None:
+    d = HttpDaemon(tmp_path / "d")
+    try:
+        d.start()
+        token = d.token
+        assert stat.S_IMODE(os.stat(d.token_file).st_mode) == 0o600 and len(token) >= 32
+        printed = CliRunner().invoke(cli.main, ["http-token", "--config", str(d.config)])
+        assert printed.exit_code == 0 and printed.output == token + "\n"
+        hang = d.api("submit", tasks=[{"type": "HANG", "payload": {"ready_file": str(tmp_path / "ready")}}])
+        wait_for(lambda: (tmp_path / "ready").exists(), 20)
+        d.kill9()
+        d.close_http()
+        d.start()
+        assert d.token == token
+        entries = d.get("/api/v1/restarts").data
+        assert [e["task_id"] for e in entries] == [hang["tasks"][0]["id"]]
+        assert metric(d.get("/metrics").body.decode(), "fredica_restart_log_entries", disposition="pending_review") == 1
+        recreated = d.api("restarts_recreate", id=entries[0]["id"])
+        assert recreated["run_id"] and len(recreated["tasks"]) == 1
+        again = d.post("restarts_recreate", id=entries[0]["id"])
+        assert again.status in (400, 409), again.json
+        assert d.get("/api/v1/restarts").data == []
+        # SIGTERM with a live stream open: the daemon still stops cleanly, and soon.
+        stream = sse_events(d, "/api/v1/events")
+        next(stream)
+        d.api("cancel", id=recreated["tasks"][0])
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+        stream.close()
+    finally:
+        d.kill_if_running()
+
+
+def test_no_token_yet_is_one_line() -> None:
+    with CliRunner().isolated_filesystem() as where:
+        Path("c.toml").write_text(f'[daemon]\ndatabase = "{where}/db/fredica.db"\n')
+        result = CliRunner().invoke(cli.main, ["http-token", "--config", "c.toml"])
+        assert result.exit_code == 1 and result.output.count("\n") == 1
+        assert result.output.startswith("error: no HTTP token in ")
+
+
+def test_a_port_in_use_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
+    d = HttpDaemon(tmp_path / "d")
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        taken.bind(("127.0.0.1", d.port))
+        taken.listen(1)
+        result = subprocess.run([sys.executable, "-m", "daemon", "daemon", "--config", str(d.config)],
+                                env=d.env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1:] == [
+        f"fredica: cannot listen for HTTP on 127.0.0.1:{d.port}: Address already in use"], result.stderr
+    assert not d.token_file.exists()
+
+
+@pytest.mark.parametrize("text", ["8765", "localhost", ":8765", "127.0.0.1:0", "127.0.0.1:70000", "h:x"])
+def test_bad_listen_values_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"\[http\] listen must look like"):
+        config.from_mapping({"http": {"listen": text}})
+
+
+def test_http_config_keys() -> None:
+    settings = config.from_mapping({"http": {"listen": "[::1]:9000", "token_file": "/srv/token"}})
+    assert settings.http_listen == ("::1", 9000) and settings.token_file == Path("/srv/token")
+    assert config.from_mapping({}).http_listen is None
+    with pytest.raises(ConfigError, match="unknown key 'port'"):
+        config.from_mapping({"http": {"port": 1}})

@@ -1,0 +1,111 @@
+"""A real daemon with its HTTP server on (SPEC §17), and a small keep-alive client of its API."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from tests.daemon_harness import Daemon
+
+TEMPLATE_TOML = """
+[templates.count_then_echo]
+description = "Count, then echo"
+params = ["n"]
+
+[templates.count_then_echo.tasks.count]
+type = "COUNT"
+payload = { n = "{n}", count_file = "COUNT_FILE", state_file = "STATE_FILE" }
+
+[templates.count_then_echo.tasks.echo]
+type = "ECHO"
+depends_on = ["count"]
+"""
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the daemon binds it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Reply:
+    """One HTTP answer: status, headers, and the body (parsed as JSON when it is)."""
+
+    def __init__(self, response: http.client.HTTPResponse) -> None:
+        self.status = response.status
+        self.headers = {name.lower(): value for name, value in response.getheaders()}
+        self.body = response.read()
+        self.json: Any = json.loads(self.body) if self.headers.get("content-type", "").startswith(
+            "application/json") else None
+
+    @property
+    def data(self) -> Any:
+        assert self.status == 200 and self.json["ok"], (self.status, self.body[:500])
+        return self.json["data"]
+
+    @property
+    def kind(self) -> str:
+        return self.json["error"]["kind"]
+
+
+class HttpDaemon(Daemon):
+    """A daemon serving HTTP on a free port of 127.0.0.1, with a template of two tasks."""
+
+    def __init__(self, root: Path, *, extra_toml: str = "", **options: Any) -> None:
+        self.port = free_port()
+        self.count_file, self.state_file = root / "count", root / "state-file"
+        templates = TEMPLATE_TOML.replace("COUNT_FILE", str(self.count_file)).replace("STATE_FILE", str(self.state_file))
+        super().__init__(root, extra_toml=f'[http]\nlisten = "127.0.0.1:{self.port}"\n{templates}\n{extra_toml}',
+                         **options)
+        self.token_file = self.database.parent / "http-token"
+        self._http: http.client.HTTPConnection | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    def raw(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+            token: str | None = "") -> Reply:
+        """One request on the kept-alive connection; `token` "" is the daemon's, None sends none."""
+        given = dict(headers or {})
+        if token is not None:
+            given["Authorization"] = f"Bearer {token or self.token}"
+        for attempt in range(2):
+            if self._http is None:
+                self._http = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            try:
+                self._http.request(method, path, body=body, headers=given)
+                reply = Reply(self._http.getresponse())
+            except (ConnectionError, http.client.HTTPException):
+                self._http.close()
+                self._http = None
+                if attempt:
+                    raise
+                continue
+            if reply.headers.get("connection") == "close":
+                self._http.close()
+                self._http = None
+            return reply
+        raise AssertionError("unreachable")
+
+    def post(self, op: str, **args: Any) -> Reply:
+        return self.raw("POST", f"/api/v1/{op}", json.dumps(args).encode(), {"Content-Type": "application/json"})
+
+    def get(self, path: str, **kwargs: Any) -> Reply:
+        return self.raw("GET", path, **kwargs)
+
+    def api(self, op: str, **args: Any) -> Any:
+        return self.post(op, **args).data
+
+    def close_http(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
