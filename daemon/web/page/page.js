@@ -273,7 +273,7 @@ function updateRow(row, t) {
   row.dataset.status = shown;
   row.dataset.progress = t.progress;
   const bar = cells[4].firstChild;
-  bar.className = "bar" + (shown === "paused" ? " paused" : t.status === "completed" ? " done" : TERMINAL.has(t.status) ? " bad" : "");
+  bar.className = "bar" + (shown === "paused" ? " paused" : t.status === "completed" ? " done" : t.status === "failed" ? " bad" : t.status === "cancelled" ? " off" : "");
   bar.firstChild.style.width = Math.max(0, Math.min(100, t.progress || 0)) + "%";
   const text = cells[4].lastChild;
   text.textContent = `${t.progress || 0}%` + (t.status_text ? " " + t.status_text : t.error_type ? " " + t.error_type : "");
