@@ -393,3 +393,17 @@ def test_http_config_keys() -> None:
     assert config.from_mapping({}).http_listen is None
     with pytest.raises(ConfigError, match="unknown key 'port'"):
         config.from_mapping({"http": {"port": 1}})
+
+
+def test_keep_alive_replies_do_not_wait_for_delayed_acks(d: HttpDaemon) -> None:
+    # Without TCP_NODELAY on the listening socket every reply (headers and body written apart)
+    # waited out the client's delayed ACK: 40 ms a request instead of well under 2 ms.
+    import statistics
+    import time
+
+    times = []
+    for _ in range(41):
+        started = time.perf_counter()
+        assert d.get("/api/v1/status").status == 200
+        times.append(time.perf_counter() - started)
+    assert statistics.median(times[1:]) < 0.02, times
