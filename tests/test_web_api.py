@@ -407,3 +407,39 @@ def test_keep_alive_replies_do_not_wait_for_delayed_acks(d: HttpDaemon) -> None:
         assert d.get("/api/v1/status").status == 200
         times.append(time.perf_counter() - started)
     assert statistics.median(times[1:]) < 0.02, times
+
+
+def test_open_streams_share_one_producer(d: HttpDaemon) -> None:
+    # Five pages cost the database what one does: the producer's looks are bounded by its
+    # interval (0.2 s), not multiplied by the streams.
+    import threading
+    import time
+
+    streams = [sse_events(d, "/api/v1/events") for _ in range(5)]
+    for stream in streams:
+        assert next(stream)[0] == "hello"
+    text = d.get("/metrics").body.decode()
+    assert metric(text, "fredica_http_event_streams") == 5
+    looks_before = metric(text, "fredica_http_event_looks_total")
+    started = time.monotonic()
+    task_id = count_task(d, n=60, step=0.02)  # commits all the way through
+    seen = [0] * len(streams)
+
+    def read(index: int) -> None:
+        for _event, data in streams[index]:
+            if any(t["id"] == task_id and t["status"] == "completed" for t in data.get("tasks", [])):
+                seen[index] = 1
+                return
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(streams))]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(30)
+    elapsed = time.monotonic() - started
+    assert seen == [1] * 5
+    looks = metric(d.get("/metrics").body.decode(), "fredica_http_event_looks_total") - looks_before
+    assert 1 <= looks <= elapsed / 0.2 + 3, (looks, elapsed)
+    for stream in streams:
+        stream.close()
+    wait_for(lambda: metric(d.get("/metrics").body.decode(), "fredica_http_event_streams") == 0, 10)

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from daemon import protocol
 from tests.conftest import wait_for
 from tests.web_harness import HttpDaemon
 
@@ -92,6 +93,10 @@ def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any) -> None:
         page.wait_for_selector(f'#tasks tr[data-id="{count_id}"]', timeout=10_000)
         assert row(page, count_id).locator("td").first.inner_text() == count_id[:8]  # short ids, as the CLI
         assert shown_status(page, echo_id) == "waiting"
+        # Buttons for the acting operations this daemon has, and none for those it lacks.
+        for op in ("pause", "resume", "cancel", "retry", "hold", "release"):
+            expected = 1 if op in protocol.OPERATIONS else 0
+            assert row(page, count_id).locator(f'button[data-op="{op}"]').count() == expected, op
 
         # The progress bar moves, live.
         first = wait_for(lambda: progress_of(page, count_id) > 0 and progress_of(page, count_id), 20)

@@ -55,6 +55,10 @@ class TaskChanges:
         self._counts_at = 0.0
         self.looks = 0  # how many times the database was read (for tests and benchmarks)
 
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._thread = threading.Thread(target=self._run, name="fredica-http-events", daemon=True)

@@ -25,8 +25,9 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 
 class FredicaCollector:
     """What the daemon is doing, read at scrape time."""
 
-    def __init__(self, supervisor: Any) -> None:
+    def __init__(self, supervisor: Any, changes: Any) -> None:
         self.sup = supervisor
+        self.changes = changes  # the live feed (events.TaskChanges)
         self._local = threading.local()
 
     def _reader(self) -> sqlite3.Connection:
@@ -67,6 +68,10 @@ class FredicaCollector:
                                   value=sup.database_faults)
         yield GaugeMetricFamily("fredica_database_fault_active", "1 while the database cannot be written",
                                 value=0 if sup.fault is None else 1)
+        yield GaugeMetricFamily("fredica_http_event_streams", "Open /api/v1/events streams",
+                                value=self.changes.subscribers)
+        yield CounterMetricFamily("fredica_http_event_looks", "Reads of the database for the event streams, all shared",
+                                  value=self.changes.looks)
         yield GaugeMetricFamily("fredica_uptime_seconds", "Seconds since the daemon started",
                                 value=sup.clock() - sup.started_at)
 
@@ -74,9 +79,9 @@ class FredicaCollector:
 class Metrics:
     """The daemon's registry: the collector and the attempt-duration histogram."""
 
-    def __init__(self, supervisor: Any) -> None:
+    def __init__(self, supervisor: Any, changes: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FredicaCollector(supervisor))  # type: ignore[arg-type]
+        self.registry.register(FredicaCollector(supervisor, changes))  # type: ignore[arg-type]
         self.durations = Histogram("fredica_attempt_duration_seconds", "How long attempts ran, by task type",
                                    ["type"], registry=self.registry, buckets=DURATION_BUCKETS)
 

@@ -71,9 +71,9 @@ class HttpServer:
         self.token = auth.load_or_create_token(settings.token_file)
         self.pool = concurrent.futures.ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="fredica-http")
         self.api = api.Api(handle, self.pool)
-        self.metrics = metrics.Metrics(supervisor)
-        supervisor.attempt_observers.append(self.metrics.observe_attempt)
         self.changes = events.TaskChanges(settings.database, supervisor.commits, supervisor.wait_for_commit)
+        self.metrics = metrics.Metrics(supervisor, self.changes)
+        supervisor.attempt_observers.append(self.metrics.observe_attempt)
         self._stopping = threading.Event()
         self.views = views.Views(settings.database, self.api, self._stopping.is_set)
         self.page = {path: (_page_file(name), kind) for path, (name, kind) in PAGE_FILES.items()}

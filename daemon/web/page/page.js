@@ -5,7 +5,7 @@
 
 const TOKEN_KEY = "fredica-token";
 const PAGE_SIZE = 50;
-const REFRESH_GAP = 1000; // ms: a change that needs the lists read again waits at most this
+const REFRESH_GAP = 2000; // ms: a change that needs the lists read again waits at most this (progress never does)
 const ACTIONS = ["pause", "resume", "cancel", "retry", "hold", "release"];
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 
