@@ -13,31 +13,36 @@ from typing import Any, Sequence
 
 from daemon.store import tasks
 
-# What the page shows of a task, and what a change of it is pushed with.
-LIVE_COLUMNS = ("seq", "id", "type", "workflow_run_id", "queue", "status", "progress", "status_text", "is_paused",
-                "is_pausable", "priority", "error_type", "created_at", "started_at", "completed_at")
-_SELECT = f"SELECT {', '.join(LIVE_COLUMNS)} FROM task"
+# Columns of a task the page has no use for, or that change with nothing to show (a heartbeat).
+# Every other column goes to the page, so one another module adds (a hold, say) reaches it too.
+LEFT_OUT = frozenset({"payload", "result", "error", "depends_on", "heartbeat_at", "payload_refs", "executor_pid",
+                      "executor_started_at", "queue_explicit", "unmet_deps"})
+
+
+def _select(conn: sqlite3.Connection) -> str:
+    names = [row[1] for row in conn.execute("PRAGMA table_info(task)") if row[1] not in LEFT_OUT]
+    return f"SELECT {', '.join(names)} FROM task"
 
 
 def _dicts(rows: Any) -> list[dict[str, Any]]:
-    return [dict(zip(LIVE_COLUMNS, row)) for row in rows]
+    return [dict(row) for row in rows]  # sqlite3.Row: the names as the table has them
 
 
 def active(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The claimed and running tasks (never more than the workers and their prefetch)."""
-    return _dicts(conn.execute(f"{_SELECT} WHERE status IN ('claimed', 'running')"))
+    return _dicts(conn.execute(f"{_select(conn)} WHERE status IN ('claimed', 'running')"))
 
 
 def added_since(conn: sqlite3.Connection, seq: int, limit: int) -> list[dict[str, Any]]:
     """Tasks stored after `seq`, oldest first, at most `limit`."""
-    return _dicts(conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)))
+    return _dicts(conn.execute(f"{_select(conn)} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)))
 
 
 def by_ids(conn: sqlite3.Connection, ids: Sequence[str]) -> list[dict[str, Any]]:
     """The named tasks as they are now (an id no longer stored is left out)."""
     if not ids:
         return []
-    return _dicts(conn.execute(f"{_SELECT} WHERE id IN ({', '.join('?' * len(ids))})", list(ids)))
+    return _dicts(conn.execute(f"{_select(conn)} WHERE id IN ({', '.join('?' * len(ids))})", list(ids)))
 
 
 def last_seq(conn: sqlite3.Connection) -> int:
@@ -52,7 +57,7 @@ def newest(conn: sqlite3.Connection, *, status: str | None = None, run_id: str |
     total = conn.execute(f"SELECT count(*) FROM task{_where(clauses)}", params).fetchone()[0]
     if before is not None:
         clauses, params = [*clauses, "seq < ?"], [*params, before]
-    rows = conn.execute(f"{_SELECT}{_where(clauses)} ORDER BY seq DESC LIMIT ?", [*params, limit])
+    rows = conn.execute(f"{_select(conn)}{_where(clauses)} ORDER BY seq DESC LIMIT ?", [*params, limit])
     return _dicts(rows), total
 
 
@@ -65,8 +70,8 @@ def _where(clauses: list[str]) -> str:
 
 def tasks_by_status_and_queue(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
     """(status, queue, count) for every pair that has tasks."""
-    return list(conn.execute("SELECT status, queue, count(*) FROM task GROUP BY status, queue"))
+    return [tuple(row) for row in conn.execute("SELECT status, queue, count(*) FROM task GROUP BY status, queue")]
 
 
 def restart_entries_by_disposition(conn: sqlite3.Connection) -> dict[str, int]:
-    return dict(conn.execute("SELECT disposition, count(*) FROM restart_task_log GROUP BY disposition"))
+    return {row[0]: row[1] for row in conn.execute("SELECT disposition, count(*) FROM restart_task_log GROUP BY disposition")}

@@ -52,7 +52,7 @@ class TaskChanges:
         self._seen: dict[str, dict[str, Any]] = {}  # the active tasks as last sent
         self._last_seq = 0
         self._counts: dict[str, int] | None = None
-        self._counts_at = 0.0
+        self._counts_at = float("-inf")  # the first look reads them
         self.looks = 0  # how many times the database was read (for tests and benchmarks)
 
     @property
