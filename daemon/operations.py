@@ -261,7 +261,8 @@ class Handlers:
         results = sup.call(lambda: how(sup.conn, ids, now=sup.clock(), routes=sup.queues.routes,
                                        queue_names=sup.queues.names))
         sup.wake()
-        return {"results": [result.to_dict() for result in results]}  # type: ignore[misc]
+        return {"results": [result.to_dict() for result in results]}
+
 
 def _check_task_statuses(status: str | list[str] | None) -> None:
     for name in [status] if isinstance(status, str) else status or ():

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence, cast
 
 import structlog
 
+from daemon import protocol
 from daemon.errors import FredicaError
 from daemon.models import Task, TaskStatus
 from daemon.store import restarts, reruns, tasks
@@ -36,8 +37,9 @@ class Result:
     message: str
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "ok": self.ok, "message": self.message, **self.extra}
+    def to_dict(self) -> protocol.Result:
+        """The result as the reply carries it (`protocol.ResultsReply`)."""
+        return cast(protocol.Result, {"id": self.id, "ok": self.ok, "message": self.message, **self.extra})
 
 
 def short(full_id: str | None) -> str:

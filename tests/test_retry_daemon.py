@@ -8,6 +8,7 @@ from typing import Any, Callable
 from click.testing import CliRunner
 
 from daemon import cli
+from daemon.client import Client
 from tests.conftest import wait_for
 
 
@@ -42,6 +43,9 @@ def test_a_pipeline_whose_head_failed_runs_whole_in_a_new_run(daemons: Callable[
     assert [d.task(t)["status"] for t in (head, middle, tail)] == ["failed", "cancelled", "cancelled"]
     refused = fredica(d, "retry", copies[0]["id"])
     assert refused.exit_code == 1 and "is completed: only a failed or cancelled task" in refused.stderr
+    with Client(socket_path=d.socket) as fredica_client:
+        (by_prefix,) = fredica_client.retry(copies[0]["id"][:6])
+    assert (by_prefix["id"], by_prefix["ok"]) == (copies[0]["id"], False)
     assert len(d.data("runs")) == 2
 
 
