@@ -143,22 +143,28 @@ def _copy(
     for task_id in roots:
         if task_id in rerun.blocked:
             upstream, status = rerun.blocked[task_id]
-            which = "no longer exists" if status == reruns.GONE else f"is {status}"
-            results[task_id] = Result(task_id, False, (
-                f"task {short(task_id)} cannot run again: it depends on task {short(upstream)}, which {which}"
-                + ("" if status == reruns.GONE else f"; retry {short(upstream)}, which brings it along")))
+            if status == reruns.GONE:
+                why = f"it depends on task {short(upstream)}, which no longer exists"
+            else:
+                why = (f"task {short(upstream)} upstream of it is {status}; retry {short(upstream)},"
+                       " which brings it along")
+            results[task_id] = Result(task_id, False, f"task {short(task_id)} cannot run again: {why}")
             continue
         copy, run_id = rerun.copies[task_id], rerun.runs[task_id]
         cascade = [rerun.copies[original].id for original in rerun.cascaded.get(task_id, ())]
         extra = {"new_id": copy.id, "created": copy.created, "run_id": run_id, "copies": cascade}
         results[task_id] = Result(task_id, True, _done_line(verb, named(task_id), copy, roots[task_id], cascade,
                                                              run_id), extra)
+        # As a cancel logs its own: inside the transaction, which a fault could still roll back.
         log.info("task_rerun", task_id=task_id, how=verb, new_id=copy.id, created=copy.created, run_id=run_id,
                  cascaded=len(cascade))
     return results
 
 
-def _done_line(verb: str, name: str, copy: SubmittedTask, original: Task, cascade: Sequence[str], run_id: str | None) -> str:
+def _done_line(
+    verb: str, name: str, copy: SubmittedTask, original: Task, cascade: Sequence[str], run_id: str | None
+) -> str:
+    """What was done for one id: the copy, the cascaded copies that came along, the new run."""
     if not copy.created:
         return (f"{verb} {name}: task {short(copy.id)}, already active with idempotency key"
                 f" {original.idempotency_key!r}, runs instead (not copied)")

@@ -118,13 +118,16 @@ def test_tasks_of_two_runs_make_two_runs(conn: sqlite3.Connection) -> None:
 
 
 def test_a_task_cancelled_by_its_upstreams_failure_alone_is_refused(conn: sqlite3.Connection) -> None:
-    head, tail = batch(conn, TaskSpec(type="A", key="a"), TaskSpec(type="B", depends_on=("a",)))
+    head, middle, tail = batch(conn, TaskSpec(type="A", key="a"), TaskSpec(type="B", key="b", depends_on=("a",)),
+                               TaskSpec(type="C", depends_on=("b",)))
     fail(conn, head)
     before = task_count(conn)
-    (result,) = retry.retry_tasks(conn, [tail], now=T0 + 1)
-    assert not result.ok
-    assert result.message == (f"task {tail[:8]} cannot run again: it depends on task {head[:8]}, which is failed;"
-                              f" retry {head[:8]}, which brings it along")
+    # Each names the task whose failure cancelled it, however far up: that is the one to retry.
+    results = retry.retry_tasks(conn, [tail, middle], now=T0 + 1)
+    assert [r.ok for r in results] == [False, False]
+    assert [r.message for r in results] == [
+        f"task {t[:8]} cannot run again: task {head[:8]} upstream of it is failed; retry {head[:8]},"
+        " which brings it along" for t in (tail, middle)]
     assert task_count(conn) == before
 
 
@@ -231,4 +234,5 @@ def test_an_entry_whose_task_runs_again_is_refused(conn: sqlite3.Connection, sta
     (entry,) = restarts.list_entries(conn)
     (result,) = retry.recreate_entries(conn, [str(entry.id)], now=T0 + 2)
     shown = "waiting" if status is S.PENDING else "running"
-    assert (result.ok, result.message) == (False, f"task {task_id[:8]} is {shown} again and will run: nothing to recreate")
+    assert (result.ok, result.message) == (
+        False, f"task {task_id[:8]} is {shown} again and will run: nothing to recreate")

@@ -44,7 +44,8 @@ class Rerun:
     copies: Mapping[str, SubmittedTask]  # every original copied → its copy (or the active task with its key)
     runs: Mapping[str, str | None]  # every original copied → the new run (None: no task of it was stored)
     cascaded: Mapping[str, tuple[str, ...]]  # each root copied → the originals its failure cancelled, copied too
-    blocked: Mapping[str, tuple[str, str]]  # each root refused → (its dependency that can never complete, status)
+    # Each root refused → (the task upstream of it whose end cancelled it, that task's status).
+    blocked: Mapping[str, tuple[str, str]]
 
 
 def cancelled_by_failure(task: Task) -> bool:
@@ -88,7 +89,7 @@ def rerun(
                 if dead is None:
                     included[task.id] = task
                 elif task.id in group:
-                    blocked[task.id] = (dead, _status(conn, dead))
+                    blocked[task.id] = _origin(conn, dead)
             if included:
                 submission = _submit_copies(conn, list(included.values()), copies, run_id, now, routes, queue_names)
                 for original, copy in zip(included, submission.tasks):
@@ -145,6 +146,19 @@ def _submit_copies(
         material_id=run.material_id if run else originals[0].material_id,
         routes=routes,
     )
+
+
+def _origin(conn: sqlite3.Connection, task_id: str) -> tuple[str, str]:
+    """(id, status) of the task whose failure (or cancel) reached `task_id`, a dependency that can
+    never complete: itself, or, if a failure upstream cancelled it too, where that came from."""
+    while True:
+        task = tasks.find(conn, task_id)
+        if task is None or not cancelled_by_failure(task):
+            return task_id, GONE if task is None else task.status.value
+        upstream = next((d for d in task.depends_on if _dead(conn, d)), None)
+        if upstream is None:
+            return task_id, task.status.value
+        task_id = upstream
 
 
 def _dead(conn: sqlite3.Connection, task_id: str) -> bool:
