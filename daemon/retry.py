@@ -116,9 +116,10 @@ def recreate_entries(
 
 def _entry_task(conn: sqlite3.Connection, given: str) -> Task:
     """The task of the entry awaiting review that `given` names; refused for any other entry."""
-    if not given.isdigit():
-        raise FredicaError(f"restart-log entry ids are numbers, not {given!r}")
-    entry = restarts.get(conn, int(given))
+    try:
+        entry = restarts.get(conn, int(given))
+    except ValueError:
+        raise FredicaError(f"restart-log entry ids are numbers, not {given!r}") from None
     if entry.disposition != restarts.PENDING_REVIEW:
         raise FredicaError(f"restart-log entry {given} is already {entry.disposition}")
     task = tasks.find(conn, entry.task_id)

@@ -207,10 +207,10 @@ def test_recreating_entries_of_one_run_makes_one_run_with_their_dependencies(con
     assert {(resolved[t].disposition, resolved[t].new_workflow_run_id) for t in (left, right)} == {
         ("recreated", run_id)}
     # Once recreated, an entry is refused; so are an unknown one and one that is no number.
-    again = retry.recreate_entries(conn, [entries[left], "999", "x"], now=T0 + 3)
+    again = retry.recreate_entries(conn, [entries[left], "-9", "x"], now=T0 + 3)
     assert [(r.ok, r.message) for r in again] == [
         (False, f"restart-log entry {entries[left]} is already recreated"),
-        (False, "no restart-log entry has id 999"),
+        (False, "no restart-log entry has id -9"),
         (False, "restart-log entry ids are numbers, not 'x'"),
     ]
 
