@@ -121,6 +121,17 @@ def test_pause_and_resume_and_their_refusals(d: HttpDaemon) -> None:
     assert finished.status == 409 and finished.kind in ("InvalidTransition", "NotPausable"), finished.json
 
 
+@pytest.mark.skipif("retry" not in protocol.OPERATIONS, reason="this daemon has no retry operation")
+def test_retry_by_ids(d: HttpDaemon) -> None:
+    failed = d.api("submit", tasks=[{"type": "RAISE"}])["tasks"][0]["id"]
+    wait_status(d, failed, "failed")
+    results = d.api("retry", ids=[failed[:8], "ffffffff"])["results"]
+    assert [r["ok"] for r in results] == [True, False], results
+    assert wait_status(d, results[0]["new_id"], "failed")["type"] == "RAISE"
+    refused = d.post("retry", ids=[])
+    assert refused.status == 400 and refused.kind == "ProtocolError"
+
+
 def test_queue_operations(d: HttpDaemon) -> None:
     assert d.api("queue_pause", name="default") == {"name": "default", "changed": True}
     assert d.get("/api/v1/queues").data[0]["paused"] is True
@@ -342,15 +353,15 @@ def test_token_file_is_private_kept_across_restarts_and_printed(tmp_path: Path) 
         entries = d.get("/api/v1/restarts").data
         assert [e["task_id"] for e in entries] == [hang["tasks"][0]["id"]]
         assert metric(d.get("/metrics").body.decode(), "fredica_restart_log_entries", disposition="pending_review") == 1
-        recreated = d.api("restarts_recreate", id=entries[0]["id"])
-        assert recreated["run_id"] and len(recreated["tasks"]) == 1
-        again = d.post("restarts_recreate", id=entries[0]["id"])
-        assert again.status in (400, 409), again.json
+        recreated = d.api("restarts_recreate", ids=[str(entries[0]["id"])])["results"]
+        assert [r["ok"] for r in recreated] == [True] and recreated[0]["run_id"], recreated
+        again = d.api("restarts_recreate", ids=[str(entries[0]["id"])])["results"]
+        assert [r["ok"] for r in again] == [False] and "\n" not in again[0]["message"], again
         assert d.get("/api/v1/restarts").data == []
         # SIGTERM with a live stream open: the daemon still stops cleanly, and soon.
         stream = sse_events(d, "/api/v1/events")
         next(stream)
-        d.api("cancel", id=recreated["tasks"][0])
+        d.api("cancel", id=recreated[0]["new_id"])
         assert d.stop(signal.SIGTERM, timeout=20) == 0
         stream.close()
     finally:

@@ -131,6 +131,9 @@ def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any) -> None:
         page.locator(f'#runs tr[data-run="{submitted["run_id"]}"] button[data-op="cancel"]').click()
         wait_for(lambda: d.api("show", id=submitted["run_id"])["object"]["status"] == "cancelled", 20)
         wait_for(lambda: shown_status(page, count_id) == "cancelled" and shown_status(page, echo_id) == "cancelled", 10)
+        if "retry" in protocol.OPERATIONS:
+            assert row(page, count_id).locator('button[data-op="retry"]').is_enabled()
+            assert row(page, hang_id).locator('button[data-op="retry"]').is_disabled()
 
         # kill -9 with the HANG task running; after the restart its restart-log entry is recreated.
         wait_for(ready.exists, 10)

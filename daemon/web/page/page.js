@@ -84,7 +84,7 @@ const get = (path) => request("GET", path);
 // An acting operation, wired generically: one that takes `ids` gets [id], one that takes `id` gets id.
 async function act(op, id) {
   const args = state.operations[op] ? state.operations[op].arguments : {};
-  const body = "ids" in args ? { ids: [id] } : { id: id };
+  const body = "ids" in args ? { ids: [String(id)] } : { id: id };
   try {
     const data = await request("POST", "/api/v1/" + op, body);
     const refused = data && Array.isArray(data.results) ? data.results.filter((r) => !r.ok) : [];
