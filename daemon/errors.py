@@ -98,6 +98,10 @@ class NotPausable(FredicaError):
     """The task cannot be paused or resumed now."""
 
 
+class BadDuration(FredicaError):
+    """A length of time is not written as a number and a unit (90s, 30m, 12h, 7d, 2w)."""
+
+
 class QueueError(FredicaError):
     """The queue configuration is invalid, or a request names no configured queue."""
 
