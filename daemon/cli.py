@@ -294,6 +294,33 @@ def list_runs(status: str | None, limit: int | None, as_json: bool) -> None:
         click.echo("no runs")
 
 
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from daemon import durations
+
+    try:
+        return durations.parse(value)
+    except durations.BadDuration as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+@command(main)
+@click.option("--older-than", default="7d", show_default=True, metavar="AGE", callback=_duration,
+              help="Only runs that finished at least this long ago (90s, 30m, 12h, 7d, 2w; 0: any).")
+@click.option("--status", type=click.Choice(render.FINISHED_RUN_STATUSES), help="Only runs that ended so.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
+@json_option
+def clean(older_than: float, status: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete finished runs older than a cutoff, with their tasks and logs.
+
+    A run goes once all of its tasks have ended, never while an unfinished task (of another
+    run) depends on one of them; its restart-log entries go with it."""
+    reply = daemon_client().clean(older_than, status=status, dry_run=dry_run)
+    if as_json:
+        echo_json(reply)
+    else:
+        click.echo(render.clean_summary(reply, dry_run))
+
+
 @command(main)
 @click.argument("target_id", metavar="ID")
 @json_option

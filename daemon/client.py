@@ -138,6 +138,17 @@ class Client:
                 raise errors.WaitTimedOut(
                     f"{len(active)} of {len(reply['tasks'])} tasks still active after {timeout:g}s", reply["tasks"])
 
+    def clean(self, older_than: float, *, status: str | None = None, dry_run: bool = False) -> protocol.CleanReply:
+        """Remove the workflow runs finished more than `older_than` seconds ago (only those of
+        `status`, if given) with their tasks, logs and restart-log entries; what was removed (or,
+        `dry_run`, would be). The daemon answers every few seconds: asked again until it is done."""
+        total: protocol.CleanReply = {"runs": 0, "tasks": 0, "logs": 0, "done": False}
+        while not total["done"]:
+            reply: protocol.CleanReply = self.call("clean", older_than=older_than, status=status, dry_run=dry_run)
+            total = {"runs": total["runs"] + reply["runs"], "tasks": total["tasks"] + reply["tasks"],
+                     "logs": total["logs"] + reply["logs"], "done": reply["done"]}
+        return total
+
     # --- the connection -------------------------------------------------------------------------
 
     def call(self, op: str, **args: Any) -> Any:

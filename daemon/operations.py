@@ -18,7 +18,8 @@ from typing import Any
 from daemon import faults, handoff, models, protocol, recovery
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
-from daemon.store import db, restarts, runs, tasks
+from daemon.engine import cleaning as engine_cleaning
+from daemon.store import cleaning, db, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -28,6 +29,8 @@ from daemon.supervisor import Supervisor
 # The longest one `wait` request blocks: a client waiting longer asks again, so that its socket
 # timeout never fires on a wait that goes well.
 WAIT_SLICE = 10.0
+# The longest one `clean` request works before it answers with what it has removed so far.
+CLEAN_SLICE = 5.0
 
 
 class Handlers:
@@ -242,6 +245,31 @@ class Handlers:
 
     def op_resume(self, id: str) -> dict[str, Any]:
         return self.sup.resume(id).to_dict()
+
+    def op_clean(self, older_than: float, status: str | None = None, dry_run: bool = False) -> protocol.CleanReply:
+        """Remove the runs finished more than `older_than` seconds ago (SPEC §14), a chunk at a
+        time on the loop, each chunk's logs once it is committed; for at most CLEAN_SLICE
+        seconds, then `done` is False and the client asks again."""
+        if older_than < 0:
+            raise protocol.ProtocolError("older_than must be 0 or more seconds")
+        if status is not None and status not in cleaning.FINISHED:
+            raise protocol.ProtocolError(
+                f"unknown status {protocol.shown(status)}: runs are cleaned when {', '.join(cleaning.FINISHED)}")
+        sup = self.sup
+        cutoff = sup.clock() - older_than
+        if dry_run:
+            found = cleaning.preview(self._reader(), cutoff=cutoff, status=status)
+            logs = sum(any(os.path.exists(f"{path}{end}") for end in ("", ".1"))
+                       for path in map(self.settings.task_log, found.task_ids))
+            return {"runs": found.runs, "tasks": found.tasks, "logs": logs, "done": True}
+        deadline = time.monotonic() + CLEAN_SLICE
+        runs_removed = tasks_removed = logs = 0
+        while True:
+            removed = sup.call(lambda: cleaning.remove_chunk(sup.conn, cutoff=cutoff, status=status))
+            runs_removed, tasks_removed = runs_removed + removed.runs, tasks_removed + removed.tasks
+            logs += engine_cleaning.remove_logs(self.settings.task_log, removed.task_ids)
+            if not removed.more or time.monotonic() >= deadline or not handoff.requester_waiting():
+                return {"runs": runs_removed, "tasks": tasks_removed, "logs": logs, "done": not removed.more}
 
     def op_restarts_dismiss(self, id: int) -> dict[str, Any]:
         sup = self.sup

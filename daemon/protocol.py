@@ -117,6 +117,11 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
     _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
+    # Not `writes`: its handler thread hands the loop one chunk after another (each committed on
+    # its own), which a handler run on the loop itself could not do. Asked again, it removes only
+    # what is still there to remove.
+    _operation("clean", older_than=Argument("float", required=True), status=Argument("str | None"),
+               dry_run=Argument("bool")),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -142,6 +147,13 @@ class CancelReply(TypedDict):
     cancelled: list[str]
     stopping: list[str]
     dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
+
+
+class CleanReply(TypedDict):
+    runs: int
+    tasks: int
+    logs: int  # tasks whose log files were removed (or, dry run, are there)
+    done: bool  # False: the request's time ran out first; ask again for the rest
 
 
 class ShowReply(TypedDict):

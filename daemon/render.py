@@ -15,6 +15,8 @@ from daemon.models import DisplayStatus, TaskStatus
 
 TASK_STATUSES = tuple(status.value for status in TaskStatus)
 RUN_STATUSES = tuple(status.value for status in models.RunStatus)
+FINISHED_RUN_STATUSES = tuple(status.value for status in models.RunStatus
+                              if status not in (models.RunStatus.PENDING, models.RunStatus.RUNNING))
 # How `fredica wait`'s summary orders what it counts: the ends first, then what is still going.
 _SUMMARY_ORDER = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.RUNNING,
                   DisplayStatus.PAUSED, DisplayStatus.WAITING)
@@ -267,6 +269,17 @@ def cancel_summary(reply: Mapping[str, Any]) -> str:
     if stopping:
         parts.append(f"stopping {len(stopping)} running task{'s' * (len(stopping) != 1)}")
     return ", ".join(parts)
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 run`, `12 runs`."""
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def clean_summary(reply: Mapping[str, Any], dry_run: bool = False) -> str:
+    """`removed 12 runs, 340 tasks, 338 logs` (`would remove ...` for a dry run)."""
+    verb = "would remove" if dry_run else "removed"
+    return f"{verb} {counted(reply['runs'], 'run')}, {counted(reply['tasks'], 'task')}, {counted(reply['logs'], 'log')}"
 
 
 def progress_line(task: Mapping[str, Any]) -> str:
