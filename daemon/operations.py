@@ -265,7 +265,8 @@ class Handlers:
         deadline = time.monotonic() + CLEAN_SLICE
         runs_removed = tasks_removed = logs = 0
         while True:
-            removed = sup.call(lambda: cleaning.remove_chunk(sup.conn, cutoff=cutoff, status=status))
+            removed = sup.call(lambda: cleaning.remove_chunk(sup.conn, cutoff=cutoff, status=status,
+                                                             limit=cleaning.CHUNK))
             runs_removed, tasks_removed = runs_removed + removed.runs, tasks_removed + removed.tasks
             logs += engine_cleaning.remove_logs(self.settings.task_log, removed.task_ids)
             if not removed.more or time.monotonic() >= deadline or not handoff.requester_waiting():

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from daemon import cli, client, render
+from daemon import cli, client, operations, render
+from daemon.store import cleaning
+from tests import media
 from tests.daemon_harness import Daemon
 
 CONFIG = str(Path(__file__))  # any existing file: these commands fail before reading it
@@ -86,3 +88,22 @@ def test_the_client_asks_again_until_the_daemon_says_it_is_done(monkeypatch: pyt
     total = client.Client(socket_path=Path("/nonexistent")).clean(60.0, status="failed")
     assert total == {"runs": 3, "tasks": 503, "logs": 502, "done": True}
     assert asked == [{"op": "clean", "older_than": 60.0, "status": "failed", "dry_run": False}] * 2
+
+
+def test_a_long_clean_answers_in_slices_each_of_whole_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sup = media.start_supervisor(tmp_path, keep_finished=0.0)
+    try:
+        sup.set_queue_paused("default", True)  # nothing runs: each task is cancelled while it waits
+        made = [media.submit(sup, "SHELL", {"argv": ["true"]}) for _ in range(5)]
+        for task_id in made:
+            sup.cancel(task_id)
+        monkeypatch.setattr(cleaning, "CHUNK", 2)
+        monkeypatch.setattr(operations, "CLEAN_SLICE", 0.0)  # one chunk per request
+        handlers = operations.Handlers(sup)
+        replies = [handlers.op_clean(older_than=0.0)]
+        while not replies[-1]["done"]:
+            replies.append(handlers.op_clean(older_than=0.0))
+        assert [reply["tasks"] for reply in replies] == [2, 2, 1]
+        assert handlers.op_ls() == []
+    finally:
+        sup.stop(grace=0, timeout=20)

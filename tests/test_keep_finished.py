@@ -12,7 +12,7 @@ import pytest
 from daemon import config
 from daemon.errors import ConfigError
 from daemon.store import tasks
-from tests.test_supervisor_stepped import Stepped, stepped  # noqa: F401 (the fixture)
+from tests.test_supervisor_stepped import Stepped, fail_once, stepped  # noqa: F401 (the fixture)
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -77,3 +77,23 @@ def test_keep_finished_is_read_as_a_duration_and_a_bad_one_refused_at_load() -> 
     assert config.from_mapping({}).keep_finished == 30 * DAY
     with pytest.raises(ConfigError, match=r"^\[daemon\] keep_finished must be a duration like .*not '30 days'$"):
         config.from_mapping({"daemon": {"keep_finished": "30 days"}})
+
+
+def test_a_chunk_rolled_back_with_its_tick_leaves_rows_and_logs_and_is_taken_again(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped(keep_finished=60.0)
+    s.at(0.0)
+    old = cancelled_task(s, 1.0)
+    log = s.sup.settings.task_log(old)
+    # After the chunk, in the same transaction, the tick's last read meets a full disk.
+    fail_once(monkeypatch, "next_ready_at")
+    s.sup._delayed_possible = True
+
+    s.at(HOUR)
+    assert s.sup.fault is not None
+    assert tasks.find(s.sup.conn, old) is not None and log.exists()  # rolled back: its log stays
+
+    s.at(HOUR + 60.0)  # past the fault's retry: the same pass, again
+    assert s.sup.fault is None
+    assert tasks.find(s.sup.conn, old) is None and not log.exists()
