@@ -96,6 +96,7 @@ def _operation(op: str, /, writes: bool = False, **arguments: Argument) -> tuple
 
 
 _ID = Argument("str", required=True)
+_IDS = Argument("list[str]", required=True)  # an acting request's ids: it replies with a ResultsReply
 
 # Every request type the daemon answers, with what it takes: the one table both sides check
 # requests against (the client before sending, the daemon before a handler runs).
@@ -116,12 +117,13 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
-    _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
     # Not `writes`: its handler thread hands the loop one chunk after another (each committed on
     # its own), which a handler run on the loop itself could not do. Asked again, it removes only
     # what is still there to remove.
     _operation("clean", older_than=Argument("float", required=True), status=Argument("str | None"),
                dry_run=Argument("bool")),
+    _operation("restarts_recreate", writes=True, ids=_IDS),
+    _operation("retry", writes=True, ids=_IDS),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -154,6 +156,17 @@ class CleanReply(TypedDict):
     tasks: int
     logs: int  # tasks whose log files were removed (or, dry run, are there)
     done: bool  # False: the request's time ran out first; ask again for the rest
+class Result(TypedDict, total=False):
+    id: str  # required: the full id, or the text given when it names nothing
+    ok: bool  # required
+    message: str  # required: one line, what was done or why not
+    new_id: str  # retry, recreate: the copy (or the active task that holds its idempotency key)
+    run_id: str | None  # retry, recreate: the new run
+    copies: list[str]  # retry, recreate: the copies of the tasks its failure cancelled
+
+
+class ResultsReply(TypedDict):
+    results: list[Result]  # one per id asked, in order
 
 
 class ShowReply(TypedDict):
