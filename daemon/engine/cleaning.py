@@ -60,9 +60,9 @@ class KeepFinished:
     def tick(self, conn: sqlite3.Connection, now: float) -> cleaning.Removed | None:
         """One chunk of the pass if one is due (inside the caller's transaction); None if not.
         While the pass lasts, `next_at` stays `now`: the next tick takes the next chunk."""
+        self._before = self.next_at  # what `undo` goes back to, should this tick be rolled back
         if not self.due(now):
             return None
-        self._before = self.next_at
         removed = cleaning.remove_chunk(conn, cutoff=now - self.keep, limit=self.limit)
         self.next_at = now if removed.more else now + self.every
         if removed.runs or removed.tasks:
