@@ -2,8 +2,8 @@
 
 Read in the CLI's own process with sqlite-utils (`Table.rows_where`, which streams rows), not
 through the daemon: a dump of 100,000 tasks need not pass through the control socket and the
-supervisor's loop, and it works with the daemon down. The connection is opened read-only
-(`mode=ro`), so nothing here can write what only the supervisor writes.
+supervisor's loop, and it works with the daemon down. The connection is opened read-only, and
+creates no file (`db.connect_read_only`), so nothing here can write what only the supervisor writes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any, Iterator, Sequence, TextIO
 
 import sqlite_utils
 
-from daemon.errors import ExportFailed
+from daemon.errors import ExportFailed, FredicaError
 from daemon.models import TaskStatus
+from daemon.store import db
+from daemon.store import ids as id_store
 
 FORMATS = ("csv", "jsonl")
 # What a row says, in this order: who it is, where it is, how it went, when.
@@ -37,13 +39,19 @@ def rows(database: Path, *, statuses: Sequence[str] = (), run: str | None = None
     if not Path(database).exists():
         raise ExportFailed(f"no database at {database}")
     try:
-        conn = sqlite3.connect(f"{Path(database).resolve().as_uri()}?mode=ro", uri=True)
+        conn = db.connect_read_only(database)
+        conn.row_factory = None  # sqlite-utils makes its own dicts
         table = sqlite_utils.Database(conn).table("task")
         if not table.exists():
             conn.close()
             raise ExportFailed(f"{database} holds no tasks table: not a fredica database")
+        if run is not None:
+            run = id_store.run_id(conn, run)  # a prefix, as everywhere; an unknown run is refused
     except sqlite3.Error as exc:
         raise ExportFailed(f"cannot open {database} to read: {exc}") from None
+    except FredicaError:
+        conn.close()
+        raise
     where, params = _where(statuses, run)
     return _stream(conn, table, where, params, database)
 
