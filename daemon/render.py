@@ -178,7 +178,12 @@ def details(obj: Mapping[str, Any], skip: Sequence[str] = ("tasks",)) -> list[st
     width = max((len(key) for key in keys), default=0) + 1
     lines = []
     for key in keys:
-        text = _value(key, obj[key])
+        value = obj[key]
+        if key == "payload" and obj.get("payload_refs"):
+            from daemon import templates  # only here: the names a template's task refers to
+
+            value = templates.as_written(value)
+        text = _value(key, value)
         if key == "status" and "is_paused" in obj and display_status(obj) != obj["status"]:
             text = f"{display_status(obj)} ({obj['status']})"
         lines.append(f"{key + ':':<{width}} {text}")

@@ -9,33 +9,17 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 from typing import Iterator
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from daemon import cli
 from daemon.store import migrations
 from tests.daemon_harness import Daemon
+from tests.test_show_messages import TEMPLATE, fredica
 
 NOTE = "daemon not running"
-TEMPLATE = """
-[templates.pipe]
-description = "two echoes"
-params = ["x"]
-[templates.pipe.tasks.first]
-type = "ECHO"
-payload = { v = "{x}" }
-[templates.pipe.tasks.second]
-type = "ECHO"
-depends_on = ["first"]
-payload = { got = "{first.echo.v}" }
-"""
-
-
-def fredica(d: Daemon, *args: str) -> Result:
-    return CliRunner().invoke(cli.main, [*args, "--config", str(d.config)], catch_exceptions=False)
 
 
 def files(d: Daemon) -> dict[str, tuple[bytes, int]]:
