@@ -16,18 +16,19 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
-from daemon import faults, handoff, models, protocol, retry
+from daemon import faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
-from executors.registry import Registry
 
 if TYPE_CHECKING:  # not at run time: the CLI imports the reads, without the daemon's loop
+    from daemon import retry
     from daemon.config import Settings
     from daemon.supervisor import Supervisor
+    from executors.registry import Registry
 
 
 # The longest one `wait` request blocks: a client waiting longer asks again, so that its socket
@@ -147,6 +148,8 @@ class Reads:
         return queue_store.paused(self._reader())
 
     def _registry(self) -> Registry:
+        from executors.registry import Registry  # only here: it imports the executors' modules
+
         return Registry.from_config(self.settings.executors)
 
     def _log_may_grow(self, task: models.Task) -> bool:
@@ -216,6 +219,8 @@ class Handlers(Reads):
         `timeout` (at most WAIT_SLICE) has passed. Waits on this handler thread, woken by the
         loop's commits: it holds neither the loop nor the database. A wake-up reads only the
         first task still active: the others need not be looked at before it has ended."""
+        from daemon import handoff  # loaded by the daemon already; not for the CLI's reads
+
         limit = WAIT_SLICE if timeout is None else max(0.0, min(timeout, WAIT_SLICE))
         deadline = time.monotonic() + limit
         seen = self.sup.commits()  # before reading: a commit after the read wakes the wait
@@ -317,9 +322,13 @@ class Handlers(Reads):
         return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
 
     def op_restarts_recreate(self, ids: list[str]) -> protocol.ResultsReply:
+        from daemon import retry  # loaded by the daemon already; not for the CLI's reads (`Reads`)
+
         return self._rerun(retry.recreate_entries, ids)
 
     def op_retry(self, ids: list[str]) -> protocol.ResultsReply:
+        from daemon import retry  # as above
+
         return self._rerun(retry.retry_given, ids)
 
     def _rerun(self, how: Callable[..., list[retry.Result]], ids: list[str]) -> protocol.ResultsReply:
