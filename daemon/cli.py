@@ -584,7 +584,7 @@ def completion(shell: str) -> None:
 
 @command(main)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="jsonl", show_default=True)
-@click.option("--status", "statuses", multiple=True, help="only tasks in this stored status (repeatable)")
+@click.option("--status", "statuses", multiple=True, help="only tasks in this status, stored or as shown: waiting, paused (repeatable)")
 @click.option("--run", "run_id", help="only the tasks of this workflow run")
 @click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-", help="a file (default: stdout)")
 def export(fmt: str, statuses: tuple[str, ...], run_id: str | None, output: Any) -> None:

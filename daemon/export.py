@@ -17,8 +17,8 @@ from typing import Any, Iterator, Sequence, TextIO
 import sqlite_utils
 
 from daemon.errors import ExportFailed, FredicaError
-from daemon.models import TaskStatus
-from daemon.store import db
+from daemon.models import TASK_FILTER_WORDS
+from daemon.store import db, tasks
 from daemon.store import ids as id_store
 
 FORMATS = ("csv", "jsonl")
@@ -34,8 +34,8 @@ def rows(database: Path, *, statuses: Sequence[str] = (), run: str | None = None
     """The tasks of `database` in submission order (only those of `statuses` and `run` if given).
     What is wrong with the request or the database is refused here, before any row is written."""
     for status in statuses:
-        if status not in {s.value for s in TaskStatus}:
-            raise ExportFailed(f"unknown status {status!r}: one of {', '.join(s.value for s in TaskStatus)}")
+        if status not in TASK_FILTER_WORDS:  # as `ls --status` takes them (SPEC §14)
+            raise ExportFailed(f"unknown status {status!r}: one of {', '.join(TASK_FILTER_WORDS)}")
     if not Path(database).exists():
         raise ExportFailed(f"no database at {database}")
     try:
@@ -70,8 +70,9 @@ def _stream(
 def _where(statuses: Sequence[str], run: str | None) -> tuple[str | None, list[Any]]:
     clauses, params = [], []
     if statuses:
-        clauses.append(f"status IN ({', '.join('?' for _ in statuses)})")
-        params += list(statuses)
+        clause, values = tasks.status_where(list(statuses))
+        clauses.append(clause)
+        params += values
     if run is not None:
         clauses.append("workflow_run_id = ?")
         params.append(run)
