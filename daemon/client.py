@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from daemon import errors, models, protocol
-from daemon.errors import DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
+from daemon.errors import DaemonNotRunning, DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
 from executors import tasklog
 
 _START_HINT = "start it with `fredica daemon`"
@@ -244,9 +244,12 @@ class Client:
         try:
             self._connect_once_there_is_room(sock)
         except FileNotFoundError:
-            problem = f"no daemon socket at {path}: the daemon is not running ({_START_HINT})"
+            sock.close()
+            raise DaemonNotRunning(f"no daemon socket at {path}: the daemon is not running ({_START_HINT})") from None
         except ConnectionRefusedError:
-            problem = f"nothing is listening on {path}: the daemon is not running ({_START_HINT})"
+            sock.close()
+            raise DaemonNotRunning(
+                f"nothing is listening on {path}: the daemon is not running ({_START_HINT})") from None
         except PermissionError:
             problem = f"permission denied on {path}: the daemon answers only the user that runs it"
         except TimeoutError:

@@ -168,6 +168,11 @@ class DaemonUnreachable(FredicaError):
     """The daemon is not running or does not answer."""
 
 
+class DaemonNotRunning(DaemonUnreachable):
+    """No daemon is running: no socket file, or nothing listening on it (not one that is slow,
+    or another user's). Read commands then answer from the database (`daemon.offline`)."""
+
+
 class WaitTimedOut(FredicaError, TimeoutError):
     """The tasks waited for had not all ended when the wait's timeout came."""
 

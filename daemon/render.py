@@ -180,7 +180,12 @@ def details(obj: Mapping[str, Any], skip: Sequence[str] = ("tasks",)) -> list[st
     width = max((len(key) for key in keys), default=0) + 1
     lines = []
     for key in keys:
-        text = _value(key, obj[key])
+        value = obj[key]
+        if key == "payload" and obj.get("payload_refs"):
+            from daemon import templates  # only here: the names a template's task refers to
+
+            value = templates.as_written(value)
+        text = _value(key, value)
         if key == "status" and "is_paused" in obj and display_status(obj) != obj["status"]:
             text = f"{display_status(obj)} ({obj['status']})"
         lines.append(f"{key + ':':<{width}} {text}")
@@ -191,12 +196,15 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
     """`fredica status`: daemon health, one aligned line per fact."""
     counts = status.get("counts") or {}
     order = [name for name in TASK_STATUSES] + sorted(set(counts) - set(TASK_STATUSES))
-    facts = [
-        ("pid", str(status.get("pid", "?"))),
-        ("uptime", duration(float(status.get("uptime") or 0))),
-        ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
-        ("tasks", ", ".join(f"{counts.get(name, 0)} {name}" for name in order)),
-    ]
+    if "pid" in status and status["pid"] is None:  # read from the database: no daemon runs
+        facts = [("daemon", "not running"), ("workers", f"none running ({status.get('max_workers', '?')} configured)")]
+    else:
+        facts = [
+            ("pid", str(status.get("pid", "?"))),
+            ("uptime", duration(float(status.get("uptime") or 0))),
+            ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
+        ]
+    facts.append(("tasks", ", ".join(f"{counts.get(name, 0)} {name}" for name in order)))
     if status.get("queues"):
         facts.append(("queues", queues_summary(status["queues"])))
     if status.get("recovering"):
