@@ -117,6 +117,11 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
+    # Not `writes`: its handler thread hands the loop one chunk after another (each committed on
+    # its own), which a handler run on the loop itself could not do. Asked again, it removes only
+    # what is still there to remove.
+    _operation("clean", older_than=Argument("float", required=True), status=Argument("str | None"),
+               dry_run=Argument("bool")),
     _operation("restarts_recreate", writes=True, ids=_IDS),
     _operation("retry", writes=True, ids=_IDS),
     _operation("queues"),
@@ -146,6 +151,11 @@ class CancelReply(TypedDict):
     dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
 
 
+class CleanReply(TypedDict):
+    runs: int
+    tasks: int
+    logs: int  # tasks whose log files were removed (or, dry run, are there)
+    done: bool  # False: the request's time ran out first; ask again for the rest
 class Result(TypedDict, total=False):
     id: str  # required: the full id, or the text given when it names nothing
     ok: bool  # required

@@ -53,7 +53,7 @@ class TaskSpec:
     key: str | None = None
     id: str | None = None
     # Set by templates only, never from a request: the payload names dependencies' results by
-    # position ("{@0.output}", braces of its own doubled), to fill in at dispatch.
+    # position ("{@0-download.output}", braces of its own doubled), to fill in at dispatch.
     payload_refs: bool = False
 
 

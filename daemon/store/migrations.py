@@ -232,8 +232,20 @@ QUEUES = Migration(
     ),
 )
 
+# 8: removing finished runs (`fredica clean`, `keep_finished`, daemon/store/cleaning.py). Their
+# dependency edges are found by the dependent's end too (the primary key serves only the upstream
+# end), and the runs old enough by their finish time, oldest first, without a scan of every run.
+CLEANING = Migration(
+    8,
+    "cleaning: dependency edges by dependent, runs by finish time",
+    (
+        "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
+        "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
-    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES,
+    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -92,6 +92,12 @@ def filter_clauses(*, status: str | Iterable[str] | None = None, run_id: str | N
     return clauses, params
 
 
+def status_where(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The SQL condition, and its parameters, that keeps the tasks in any of the status `words`
+    as `list_tasks` filters them: for the readers of the task table outside this module (`export`)."""
+    return _status_clause(words)
+
+
 def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
     """The WHERE clause for status words: `waiting` is pending or claimed, `paused` a running task
     that is paused; `running` is the stored status, so it takes paused tasks in too."""
