@@ -19,7 +19,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import structlog
 
@@ -66,7 +66,8 @@ def read_token(path: Path) -> str:
     return token
 
 
-async def _refuse(send: Send, status: int, kind: str, message: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+async def _refuse(send: Send, status: int, kind: str, message: str,
+                  extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"ok": False, "error": {"kind": kind, "message": message}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store"), *extra]

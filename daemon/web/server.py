@@ -61,6 +61,10 @@ def _page_file(name: str) -> bytes:
     return importlib.resources.files("daemon.web").joinpath("page", name).read_bytes()
 
 
+async def _no_icon(request: Request) -> Response:
+    return Response(status_code=204)  # browsers ask for one; there is none
+
+
 class HttpServer:
     """Serves the API, the page, the events and /metrics on `settings.http_listen`."""
 
@@ -87,9 +91,9 @@ class HttpServer:
         return self.sock.getsockname()[1]
 
     def app(self) -> auth.App:
-        routes = [Route(path, self._page_file) for path in self.page]
+        routes = [Route(path, self._serve_page_file) for path in self.page]
         routes += [
-            Route("/favicon.ico", lambda request: Response(status_code=204)),  # none: asked for by browsers
+            Route("/favicon.ico", _no_icon),
             Route("/metrics", self._metrics),
             Route("/api/v1/events", self._events),
             Route("/api/v1/page/tasks", self.views.tasks),
@@ -99,7 +103,7 @@ class HttpServer:
         ]
         return auth.Guard(Starlette(routes=routes), self.token)
 
-    async def _page_file(self, request: Request) -> Response:
+    async def _serve_page_file(self, request: Request) -> Response:
         body, kind = self.page[request.url.path]
         return Response(body, media_type=kind, headers=PAGE_HEADERS)
 
