@@ -454,3 +454,30 @@ def test_open_streams_share_one_producer(d: HttpDaemon) -> None:
     for stream in streams:
         stream.close()
     wait_for(lambda: metric(d.get("/metrics").body.decode(), "fredica_http_event_streams") == 0, 10)
+
+
+def test_clients_waiting_for_tasks_never_hold_up_other_requests(d: HttpDaemon) -> None:
+    import concurrent.futures
+    import time
+
+    hang_id = hang_task(d, "wait-hang")
+    wait_status(d, hang_id, "running")
+
+    def wait_on_it() -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+        try:
+            conn.request("GET", f"/api/v1/wait?ids={hang_id}&timeout=6",
+                         headers={"Authorization": f"Bearer {d.token}"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(30) as clients:  # more than the handlers' pool
+        waits = [clients.submit(wait_on_it) for _ in range(30)]
+        started = time.monotonic()
+        wait_for(lambda: metric(d.get("/metrics").body.decode(), "fredica_busy_workers", queue="default") >= 1, 5)
+        assert d.get("/api/v1/status").status == 200
+        assert d.get(f"/api/v1/show?id={hang_id}").status == 200
+        assert time.monotonic() - started < 4, "requests waited for the waits"
+        assert [w.result(60) for w in waits] == [200] * 30
+    d.api("cancel", id=hang_id)

@@ -108,17 +108,25 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+# Operations whose handler may block for long (`wait`: up to 10 s): they get threads of their own,
+# so that clients waiting for tasks never hold up the others' requests.
+BLOCKING = frozenset({"wait"})
+
+
 class Api:
     """The `/api/v1/<op>` endpoint: parse, check, run the handler on the pool, answer."""
 
-    def __init__(self, handle: Handle, pool: concurrent.futures.Executor) -> None:
+    def __init__(self, handle: Handle, pool: concurrent.futures.Executor,
+                 waits: concurrent.futures.Executor | None = None) -> None:
         self.handle = handle
         self.pool = pool
+        self.waits = waits if waits is not None else pool
 
     async def run(self, op: str, args: Mapping[str, Any]) -> Any:
-        """The handler's reply to a checked request, run on the pool (FredicaError if refused)."""
+        """The handler's reply to a checked request, run on a pool (FredicaError if refused)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, self._handled, op, dict(args))
+        pool = self.waits if op in BLOCKING else self.pool
+        return await loop.run_in_executor(pool, self._handled, op, dict(args))
 
     def _handled(self, op: str, args: dict[str, Any]) -> Any:
         try:

@@ -30,7 +30,8 @@ from daemon.errors import CannotStart
 from daemon.web import api, auth, events, metrics, views
 
 log = structlog.get_logger("fredica.http")
-POOL_THREADS = 32  # handlers at once; a `wait` holds one for up to 10 s
+POOL_THREADS = 16  # handlers at once
+WAIT_THREADS = 32  # `wait` requests at once, each held up to 10 s; more queue for a thread
 STOP_GRACE = 2.0  # seconds open streams get to end when the daemon stops
 # The page's files: (name in daemon/web/page, content type).
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript; charset=utf-8"),
@@ -74,7 +75,8 @@ class HttpServer:
         self.sock = bind(settings.http_listen)  # first: a port in use makes no token file
         self.token = auth.load_or_create_token(settings.token_file)
         self.pool = concurrent.futures.ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="fredica-http")
-        self.api = api.Api(handle, self.pool)
+        self.waits = concurrent.futures.ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="fredica-http-wait")
+        self.api = api.Api(handle, self.pool, self.waits)
         self.changes = events.TaskChanges(settings.database, supervisor.commits, supervisor.wait_for_commit)
         self.metrics = metrics.Metrics(supervisor, self.changes)
         supervisor.attempt_observers.append(self.metrics.observe_attempt)
@@ -155,4 +157,5 @@ class HttpServer:
         if self._thread is not None:
             self._thread.join(STOP_GRACE + 5)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.waits.shutdown(wait=False, cancel_futures=True)
         self.sock.close()
