@@ -150,6 +150,7 @@ class ControlServer:
         self._order = itertools.count()  # ties in the heap, never compared further
         self._accepting = False
         self._accept_again_at: float | None = None
+        self._closing_refusal: FredicaError = errors.ShuttingDown("the daemon is shutting down: nothing was done")
         self._driven = False  # `step` is called by the supervisor's loop, not by our own thread
         self._driver: int | None = None  # the thread that drives it, once it has
 
@@ -223,8 +224,12 @@ class ControlServer:
         the loop has just committed, and answered, the requests it ran)."""
         self._take_replies()
 
-    def close(self) -> None:
-        """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest."""
+    def close(self, refusal: FredicaError | None = None) -> None:
+        """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest.
+        A request still arriving meanwhile is answered with `refusal` (default: the daemon is
+        shutting down), never cut off: a client learns why, and that nothing was done."""
+        if refusal is not None:
+            self._closing_refusal = refusal
         self._closing.set()
         if self._thread is not None:
             self._wake()
@@ -248,13 +253,12 @@ class ControlServer:
             while True:
                 if self._closing.is_set() and grace_ends is None:
                     grace_ends = time.monotonic() + CLOSE_GRACE
+                    if self._accepting:
+                        self._accept()  # those in the backlog: answered (refused), not reset
                     self._stop_accepting()
                     if self._sock is not None:  # new clients are refused now, not left in the backlog
                         self._sock.close()
                         self._sock = None
-                    for conn in [c for c in self.connections
-                                 if c.deadline is not None and c.reply is None and c.pending is None]:
-                        self._drop(conn)  # still reading: nothing of theirs has been acted on
                 if grace_ends is not None and (not self.connections or time.monotonic() >= grace_ends):
                     return
                 self._step(grace_ends)
@@ -394,7 +398,11 @@ class ControlServer:
         """A whole request: to a handler thread (nothing more is read meanwhile)."""
         self._watch(conn, 0)
         self._set_deadline(conn, None)
-        if conn.uid not in self.allowed_uids:
+        if self._closing.is_set():  # read whole while closing: refused, nothing of it done
+            conn.last_reply = True
+            refusal = self._closing_refusal
+            self._send(conn, protocol.error(refusal.kind, refusal.message))
+        elif conn.uid not in self.allowed_uids:
             # Read whole, never acted on: closing first would fail the client's write with EPIPE
             # before it could read why it was refused.
             log.warning("client_refused", uid=conn.uid)
