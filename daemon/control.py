@@ -18,6 +18,11 @@ the I/O thread parses it and hands its handler straight to the supervisor's loop
 (`writes_to_loop`), and writes the reply when the loop's commit answers it. The loop alone writes
 the database, so a handler thread would only wait there; reads, which do not need the loop, and
 large requests (whose parsing must not hold the loop) still go to the handler threads.
+
+A streamed reply (`protocol.Pages`, `ls_pages`) is written a frame at a time: the handler thread
+reads its first page, and each next page is made on this thread once the frame before has gone
+out and the socket is writable again, so a listing of any length holds one page in memory and a
+slow reader only slows itself.
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class Connection:
         # A write handed to the loop (`writes_to_loop`), until its answer is taken; `op` is its name.
         self.pending: concurrent.futures.Future[Any] | None = None
         self.op = ""
+        self.stream: protocol.Pages | None = None  # a streamed reply, until its last frame is made
         self.events = 0  # what the selector watches it for
         self.closed = False
 
@@ -135,8 +141,8 @@ class ControlServer:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         # Replies to write (None: close), or the answered futures of writes handed to the loop.
-        self._replies: queue.SimpleQueue[tuple[Connection, bytes | concurrent.futures.Future[Any] | None]] = (
-            queue.SimpleQueue())
+        self._replies: queue.SimpleQueue[
+            tuple[Connection, bytes | protocol.Pages | concurrent.futures.Future[Any] | None]] = queue.SimpleQueue()
         self._hand_over: HandOver | None = None
         self.call_timeout = 0.0
         self._deadlines: list[tuple[float, int, Connection]] = []  # a heap; stale entries are skipped
@@ -448,8 +454,15 @@ class ControlServer:
             self._set_deadline(conn, time.monotonic() + self.request_timeout)  # it reads: give it time
 
     def _next_request(self, conn: Connection) -> None:
-        """The reply is written: read the connection's next request (one may be in already)."""
+        """The reply is written: read the connection's next request (one may be in already), or,
+        for a streamed reply, write its next frame when the socket is writable again (not at
+        once: a stream of a thousand frames is no recursion, and other clients get their turn)."""
         conn.reply = None
+        if conn.stream is not None:
+            conn.reply = memoryview(self._stream_frame(conn))
+            self._set_deadline(conn, time.monotonic() + self.request_timeout)
+            self._watch(conn, selectors.EVENT_WRITE)
+            return
         if conn.last_reply or self._closing.is_set():
             self._drop(conn)
             return
@@ -469,6 +482,9 @@ class ControlServer:
         if conn.closed:
             return
         conn.closed = True
+        if conn.stream is not None:
+            conn.stream.close()
+            conn.stream = None
         if conn.pending is not None:
             conn.pending.cancel()  # nobody would hear its answer: not run, if not begun
         self._watch(conn, 0)
@@ -501,6 +517,9 @@ class ControlServer:
                     continue  # withdrawn and refused already
                 conn.pending = None
                 data = self._encoded(self._outcome(conn.op, lambda: data.result(0)))
+            elif isinstance(data, protocol.Pages):
+                conn.stream = data
+                data = self._stream_frame(conn)
             if data is None:
                 self._drop(conn)
             else:
@@ -510,14 +529,32 @@ class ControlServer:
 
     def _answer(self, conn: Connection, reply_for: Callable[[], dict[str, Any]]) -> None:
         """Run one whole request and hand its encoded reply to the I/O thread (None: close)."""
-        data = None
+        data: bytes | protocol.Pages | None = None
         try:
-            data = self._encoded(reply_for())
+            reply = reply_for()
+            data = reply if isinstance(reply, protocol.Pages) else self._encoded(reply)
         except Exception:  # a bug of ours: into the daemon's log, never its stderr
             log.exception("client_failed")
         finally:
             self._replies.put((conn, data))
             self._wake()
+
+    def _stream_frame(self, conn: Connection) -> bytes:
+        """The next frame of the connection's streamed reply; after its last, or an error (which
+        ends the stream as its last frame), the stream is done."""
+        assert conn.stream is not None
+        last = True
+        try:
+            message, last = conn.stream.next_frame()
+        except FredicaError as exc:
+            message = protocol.error(exc.kind, exc.message)
+        except Exception as exc:  # a bug of ours: report it, keep serving
+            log.exception("request_failed", op="stream")
+            message = protocol.error(errors.InternalError.kind, f"the listing failed: {type(exc).__name__}: {exc}")
+        if last:
+            conn.stream.close()
+            conn.stream = None
+        return self._encoded(message)
 
     @staticmethod
     def _encoded(reply: dict[str, Any]) -> bytes:
@@ -550,10 +587,11 @@ class ControlServer:
         return self._outcome(op, handled)
 
     @staticmethod
-    def _outcome(op: str, handled: Callable[[], Any]) -> dict[str, Any]:
-        """The reply for what `handled()` returns or raises (any thread)."""
+    def _outcome(op: str, handled: Callable[[], Any]) -> Any:
+        """The reply for what `handled()` returns or raises (any thread); a streamed one as it is."""
         try:
-            return protocol.ok(handled())
+            data = handled()
+            return data if isinstance(data, protocol.Pages) else protocol.ok(data)
         except FredicaError as exc:
             return protocol.error(exc.kind, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving

@@ -43,6 +43,8 @@ WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
 # (SPEC §14). `held` is a word of the SPEC that names no state yet: refused as not supported.
 HELD = "held"
 TASK_FILTER_WORDS = (*(status.value for status in TaskStatus), *(word.value for word in DisplayStatus), HELD)
+# The orders `ls --sort` takes (`daemon.store.listing.SORTS` spells each in SQL).
+TASK_SORTS = ("submitted", "priority", "status", "type", "duration")
 
 
 def in_order(statuses: frozenset[TaskStatus]) -> list[str]:

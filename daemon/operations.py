@@ -18,7 +18,7 @@ from typing import Any
 from daemon import faults, handoff, models, protocol, recovery
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
-from daemon.store import db, restarts, runs, tasks
+from daemon.store import db, listing, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -87,18 +87,42 @@ class Handlers:
         found = tasks.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
 
+    def op_ls_pages(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
+                    limit: int | None = None, sort: str | None = None, since: float | None = None,
+                    total: bool = False) -> protocol.Pages:
+        """`ls` as a stream of pages (`protocol.Pages`), each read as the one before has gone out;
+        with `total`, the last frame says how many tasks match (for the "N more" line)."""
+        _check_task_statuses(status)
+        _check_limit(limit)
+        if sort is not None and sort not in listing.SORTS:
+            raise protocol.ProtocolError(f"unknown sort {protocol.shown(sort)} (one of {', '.join(listing.SORTS)})")
+        conn = self._reader()
+        query = listing.TaskQuery(
+            status=None if status is None else [status] if isinstance(status, str) else status,
+            run_id=None if run is None else id_store.run_id(conn, run), task_type=type, since=since,
+            sort=sort or listing.DEFAULT_SORT, now=self.sup.clock())
+        matching = listing.count(conn, query) if total else None
+        # Each page on the reader of the thread that asks for it: the I/O thread's, after the first.
+        pages = ([t.to_dict() for t in found] for found in listing.tasks(_ThreadReader(self), query, limit))
+        return protocol.Pages(pages, (lambda: {"total": matching}) if total else dict)
+
     def op_runs(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         _check_statuses(status, RunStatus)
         _check_limit(limit)
         return [r.to_dict() for r in runs.list_runs(self._reader(), status=status, limit=limit)]
 
-    def op_show(self, id: str) -> protocol.ShowReply:
+    def op_show(self, id: str, tasks_limit: int | None = None) -> protocol.ShowReply:
+        """A task, or a run with its tasks: all of them, or its first `tasks_limit` with the counts
+        of all by status (`task_counts`), as `show RUN` prints them."""
+        _check_limit(tasks_limit)
         conn = self._reader()
         named = id_store.resolve(conn, id)
         if named.kind == "task":
             return {"kind": "task", "object": tasks.get(conn, named.id).to_dict()}
         obj = runs.get(conn, named.id).to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
+        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
+        if tasks_limit is not None:
+            obj["task_counts"] = listing.counts_by_display_status(conn, named.id)
         return {"kind": "run", "object": obj}
 
     def op_types(self) -> list[dict[str, Any]]:
@@ -253,6 +277,17 @@ class Handlers:
                                                         queue_names=sup.queues.names))
         sup.wake()
         return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
+
+
+class _ThreadReader:
+    """The handlers' read connection of whichever thread runs a query: a streamed reply's later
+    pages are read on the control socket's I/O thread, and a connection stays on its thread."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self._handlers = handlers
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self._handlers._reader().execute(sql, params)
 
 
 def _check_task_statuses(status: str | list[str] | None) -> None:
