@@ -422,7 +422,7 @@ def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
 @command(main)
 @click.argument("target", metavar="[ID]", required=False)
 def watch(target: str | None) -> None:
-    """Live progress bars of tasks until they end, fitted to the terminal.
+    """Live progress bars of tasks until they end, as many as fit.
 
     Without ID: the running tasks, then the waiting ones, as many as fit. With ID: that task, or that run's tasks.
     """

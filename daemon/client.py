@@ -103,7 +103,9 @@ class Client:
         return reply["object"]
 
     def list(self, **filters: Any) -> list[dict[str, Any]]:
-        """Tasks, as `fredica ls --json`; filters: status (one or a list), run, type, limit."""
+        """Tasks in submission order, in one reply; filters: status (one or a list), run, type,
+        limit. `stream("ls_pages", ...)` reads them as `fredica ls --json` does: newest first (or
+        `sort=`), `since=` a Unix time, a page at a time."""
         return self.call("ls", **filters)
 
     def stream(self, op: str, **args: Any) -> Streamed:
