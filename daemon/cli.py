@@ -282,7 +282,7 @@ def list_tasks(status: Sequence[str], run_id: str | None, task_type: str | None,
         if value is not None:
             args[key] = value
     if as_json:
-        _echo_json_stream(daemon_client().stream("ls_pages", **args))
+        _echo_json_stream(daemon_client().stream("ls_pages", **args).pages)
         return
     listed = daemon_client().stream("ls_pages", total=True, **args)
     pages = iter(listed.pages)
@@ -301,14 +301,17 @@ def list_tasks(status: Sequence[str], run_id: str | None, task_type: str | None,
         click.echo(more)
 
 
-def _echo_json_stream(items: Iterable[Any]) -> None:
-    """A JSON array as `echo_json` prints it, written an item at a time as they come: the output
-    of a listing of any length, held one page at a time."""
+def _echo_json_stream(pages: Iterable[Sequence[Any]]) -> None:
+    """A JSON array as `echo_json` prints it, written a page at a time as the pages come (one
+    write each: click flushes every echo): a listing of any length, held one page at a time."""
     opened = False
-    for item in items:
-        text = json.dumps(item, indent=2, ensure_ascii=False)
-        click.echo(("[\n" if not opened else ",\n") + "\n".join("  " + line for line in text.split("\n")), nl=False)
-        opened = True
+    for page in pages:
+        parts = []
+        for item in page:
+            text = json.dumps(item, indent=2, ensure_ascii=False)
+            parts.append(("[\n" if not opened else ",\n") + "\n".join("  " + line for line in text.split("\n")))
+            opened = True
+        click.echo("".join(parts), nl=False)
     click.echo("\n]" if opened else "[]")
 
 
