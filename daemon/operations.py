@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from daemon import faults, handoff, models, protocol, recovery
 from daemon.errors import FredicaError
@@ -51,12 +51,24 @@ class Handlers:
         try:
             return getattr(self, f"op_{op}")(**args)
         except sqlite3.DatabaseError as exc:
-            if faults.classify(exc) is not faults.Kind.CORRUPT:
-                raise
-            # A reader met it first: the daemon must not go on answering while tasks run on a
-            # database it can no longer trust (SPEC §13).
-            self.sup.report_corruption(exc)
-            raise faults.refusal(faults.Kind.CORRUPT) from None
+            raise self._refusal(exc) from None
+
+    def _refusal(self, exc: sqlite3.DatabaseError) -> Exception:
+        """What a reader's database error is answered with: itself, or, for corruption, the
+        refusal that says so once the loop has been told."""
+        if faults.classify(exc) is not faults.Kind.CORRUPT:
+            return exc
+        # A reader met it first: the daemon must not go on answering while tasks run on a
+        # database it can no longer trust (SPEC §13).
+        self.sup.report_corruption(exc)
+        return faults.refusal(faults.Kind.CORRUPT)
+
+    def _checked(self, pages: Iterator[list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
+        """A streamed reply's pages, read later than `handle` returns: their errors met as its are."""
+        try:
+            yield from pages
+        except sqlite3.DatabaseError as exc:
+            raise self._refusal(exc) from None
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -104,7 +116,7 @@ class Handlers:
         matching = listing.count(conn, query) if total else None
         # Each page on the reader of the thread that asks for it: the I/O thread's, after the first.
         pages = ([t.to_dict() for t in found] for found in listing.tasks(_ThreadReader(self), query, limit))
-        return protocol.Pages(pages, (lambda: {"total": matching}) if total else dict)
+        return protocol.Pages(self._checked(pages), (lambda: {"total": matching}) if total else dict)
 
     def op_runs(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         _check_statuses(status, RunStatus)

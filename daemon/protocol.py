@@ -172,10 +172,19 @@ class Pages:
         self._pages = pages
         self._final = final
         self._next: list[Any] | None = next(pages, None)  # made at once: a refusal comes before any frame
+        self._failed: Exception | None = None
 
     def next_frame(self) -> tuple[dict[str, Any], bool]:
-        """The next frame's message, and whether it is the last; a page is read ahead to know it."""
-        items, self._next = (self._next or []), next(self._pages, None)
+        """The next frame's message, and whether it is the last; a page is read ahead to know it.
+        An error reading ahead is raised by the call after: the page read before it goes out first."""
+        if self._failed is not None:
+            raise self._failed
+        items = self._next or []
+        try:
+            self._next = next(self._pages, None)
+        except Exception as exc:
+            self._failed = exc
+            return ok({"items": items, "more": True}), False
         if self._next is not None:
             return ok({"items": items, "more": True}), False
         return ok({"items": items, **self._final()}), True

@@ -266,3 +266,28 @@ def test_duration_is_measured_to_now(conn):
     listed = list(store_listing.tasks(conn, store_listing.TaskQuery(sort="duration", now=NOW)))
     assert listing.run_time(listed[0][0].to_dict(), NOW) == "1m 30s"
 
+
+
+def test_a_stream_that_fails_half_way_ends_with_the_error(tmp_path):
+    from daemon import control
+    from daemon.errors import UnknownRun
+
+    def pages():
+        yield [{"n": 1}]
+        yield [{"n": 2}]
+        raise UnknownRun("the run went away")
+
+    server = control.ControlServer(tmp_path / "c.sock", lambda op, args: protocol.Pages(pages()))
+    server.bind()
+    server.serve()
+    try:
+        with client.Client(socket_path=tmp_path / "c.sock") as fredica:
+            listed = fredica.stream("ls_pages")
+            got = []
+            with pytest.raises(UnknownRun, match="the run went away"):
+                for page in listed.pages:
+                    got.append(page)
+            assert got == [[{"n": 1}], [{"n": 2}]]  # every page read before the error, then the error
+            assert fredica._sock is None  # the stream did not end well: its connection is not reused
+    finally:
+        server.close()
