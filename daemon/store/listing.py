@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from daemon import models
 from daemon.models import Task, TaskStatus
@@ -34,6 +34,12 @@ SORTS: dict[str, tuple[tuple[str, bool], ...]] = {
 assert tuple(SORTS) == models.TASK_SORTS
 DEFAULT_SORT = "submitted"
 PAGE_SIZE = 500  # rows a page holds: a frame of a few hundred kilobytes
+
+
+class Reader(Protocol):
+    """What a page is read through: a connection, or one that picks the calling thread's."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> sqlite3.Cursor: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +82,7 @@ def count(conn: sqlite3.Connection, query: TaskQuery) -> int:
     return conn.execute(sql, params).fetchone()[0]
 
 
-def page(conn: sqlite3.Connection, query: TaskQuery, size: int, after: Sequence[Any] | None = None
+def page(conn: Reader, query: TaskQuery, size: int, after: Sequence[Any] | None = None
          ) -> tuple[list[Task], tuple[Any, ...] | None]:
     """Up to `size` tasks of the query in its order, after the row whose sort key is `after` (None:
     from the start); and the sort key of the last one, where the next page starts (None: no row)."""
@@ -107,7 +113,7 @@ def _after(keys: Sequence[tuple[str, bool]], given: int, index: int = 0) -> str:
     return f"({beyond} OR (({expr}) = :k{index} AND {_after(keys, given, index + 1)}))"
 
 
-def tasks(conn: sqlite3.Connection, query: TaskQuery, limit: int | None = None,
+def tasks(conn: Reader, query: TaskQuery, limit: int | None = None,
           size: int = PAGE_SIZE) -> Iterator[list[Task]]:
     """The query's tasks page by page (at most `limit` in all), each page read when it is asked for."""
     after: tuple[Any, ...] | None = None
