@@ -115,6 +115,20 @@ def echo_lines(lines: Sequence[str]) -> None:
         click.echo(line)
 
 
+def echo_results(reply: dict[str, Any]) -> None:
+    """An acting command's reply, a line per id: done on stdout, refused as `error:` on stderr;
+    exit 1 if any was refused."""
+    refused = False
+    for result in reply["results"]:
+        if result["ok"]:
+            click.echo(render.one_line(result["message"]))
+        else:
+            refused = True
+            click.echo(f"error: {render.one_line(result['message'])}", err=True)
+    if refused:
+        raise SystemExit(EXIT_REFUSED)
+
+
 @click.group(cls=FredicaGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @config_option(envvar="FREDICA_CONFIG")
 @click.version_option(package_name="fredica-worker", prog_name="fredica")
@@ -458,6 +472,31 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
         raise SystemExit(EXIT_REFUSED)
 
 
+@command(main)
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@json_option
+def retry(ids: tuple[str, ...], as_json: bool) -> None:
+    """Run failed or cancelled tasks again, with the tasks their failure cancelled.
+
+    Each task runs again as a new task (same type, payload, priority, retries, timeout,
+    material, idempotency key, queue) in a new run, with a copy of each task that was cancelled
+    because it failed (DEPENDENCY_FAILED, transitively), wired as before. Tasks of one run given
+    together make one new run, no task copied twice. A dependency on a task that completed stays
+    on that task, already done; a task that depends on one that failed is refused (retry that
+    one: it brings this one along).
+
+    One line per ID: the new task, how many cancelled tasks came along, and the new run (exit 1
+    if any ID was refused: not failed or cancelled, unknown, ambiguous). --json: the results,
+    with full ids (new_id, run_id, copies)."""
+    reply = call("retry", ids=list(ids))
+    if as_json:
+        echo_json(reply["results"])
+        if not all(result["ok"] for result in reply["results"]):
+            raise SystemExit(EXIT_REFUSED)
+        return
+    echo_results(reply)
+
+
 @main.group("restarts", cls=FredicaGroup, invoke_without_command=True)
 @config_option()
 @click.option("--all", "show_all", is_flag=True, help="Also the entries dismissed, recreated or superseded.")
@@ -466,7 +505,8 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
 def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """The restart log: tasks a daemon restart interrupted.
 
-    Lists the entries awaiting review (all of them with --all); `dismiss` and `recreate` act on one.
+    Lists the entries awaiting review (all of them with --all); `dismiss` acts on one, `recreate`
+    on several.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -488,11 +528,13 @@ def restarts_dismiss(entry_id: int) -> None:
 
 
 @command(restarts, "recreate")
-@click.argument("entry_id", metavar="ID", type=int)
-def restarts_recreate(entry_id: int) -> None:
-    """Run an interrupted task again; print the new run id."""
-    reply = call("restarts_recreate", id=entry_id)
-    click.echo(reply["run_id"])
+@click.argument("entry_ids", metavar="ID...", type=int, nargs=-1, required=True)
+def restarts_recreate(entry_ids: tuple[int, ...]) -> None:
+    """Run interrupted tasks again, with the tasks their failure cancelled.
+
+    Entries whose tasks came from one run make one new run, their dependencies kept. One line
+    per entry: the new task and run, or why not (exit 1 if any was refused)."""
+    echo_results(call("restarts_recreate", ids=[str(entry_id) for entry_id in entry_ids]))
 
 
 @command(main)

@@ -128,6 +128,13 @@ class Client:
         first refusal is raised; the ids before it stay cancelled."""
         return [self.call("cancel", id=target) for target in ids]
 
+    def retry(self, *ids: str) -> list[protocol.Result]:
+        """Run failed or cancelled tasks again as new tasks, with the tasks their failure cancelled
+        (`fredica retry`): a result per id, in order (`ok`, `message`, and `new_id`, `run_id`,
+        `copies` for a copy). A refused id is a result with `ok` False, not an exception."""
+        reply: protocol.ResultsReply = self.call("retry", ids=list(ids))
+        return reply["results"]
+
     def pause(self, id: str) -> dict[str, Any]:
         """Pause a running, pausable task; the task as it is then."""
         return self.call("pause", id=id)

@@ -19,10 +19,16 @@ the I/O thread parses it and hands its handler straight to the supervisor's loop
 the database, so a handler thread would only wait there; reads, which do not need the loop, and
 large requests (whose parsing must not hold the loop) still go to the handler threads.
 
-A streamed reply (`protocol.Pages`, `ls_pages`) is written a frame at a time: the handler thread
-reads its first page, and each next page is made on this thread once the frame before has gone
-out and the socket is writable again, so a listing of any length holds one page in memory and a
-slow reader only slows itself.
+In the daemon the I/O thread is the supervisor's loop thread itself (`serve(driven=True)`): the
+loop waits on this server's selector beside its executors' pipes and calls `step` when it is
+ready, and writes the replies of the requests it has just committed at once (`flush`). A write
+request then costs no thread switch at all: read, run, committed and answered by one thread, which
+is what makes a submit take a fraction of a millisecond (a switch between two threads that share
+the interpreter costs more than the insert). Nothing here blocks: every socket is non-blocking.
+
+A streamed reply (`protocol.Pages`, `ls_pages`) is written a frame at a time, each frame made on
+a handler thread once the one before has gone out: a listing of any length holds one page in
+memory, a slow reader only slows itself, and no page is ever read on the I/O thread (the loop's).
 """
 
 from __future__ import annotations
@@ -118,7 +124,8 @@ class Connection:
         # A write handed to the loop (`writes_to_loop`), until its answer is taken; `op` is its name.
         self.pending: concurrent.futures.Future[Any] | None = None
         self.op = ""
-        self.stream: protocol.Pages | None = None  # a streamed reply, until its last frame is made
+        # A streamed reply whose next frame is still to be made (None while a handler makes it).
+        self.stream: protocol.Pages | None = None
         self.events = 0  # what the selector watches it for
         self.closed = False
 
@@ -141,14 +148,17 @@ class ControlServer:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         # Replies to write (None: close), or the answered futures of writes handed to the loop.
-        self._replies: queue.SimpleQueue[
-            tuple[Connection, bytes | protocol.Pages | concurrent.futures.Future[Any] | None]] = queue.SimpleQueue()
+        # A streamed reply's frame comes with the stream still to be written (None: its last).
+        self._replies: queue.SimpleQueue[tuple[Connection, bytes | tuple[bytes, protocol.Pages | None]
+                                               | concurrent.futures.Future[Any] | None]] = queue.SimpleQueue()
         self._hand_over: HandOver | None = None
         self.call_timeout = 0.0
         self._deadlines: list[tuple[float, int, Connection]] = []  # a heap; stale entries are skipped
         self._order = itertools.count()  # ties in the heap, never compared further
         self._accepting = False
         self._accept_again_at: float | None = None
+        self._driven = False  # `step` is called by the supervisor's loop, not by our own thread
+        self._driver: int | None = None  # the thread that drives it, once it has
 
     def bind(self) -> None:
         """Create the socket (listening, so clients queue while recovery runs); `serve` answers them."""
@@ -187,15 +197,38 @@ class ControlServer:
         self._hand_over = hand_over
         self.call_timeout = call_timeout
 
-    def serve(self) -> None:
-        """Start answering in a background thread."""
+    def serve(self, *, driven: bool = False) -> None:
+        """Start answering: in a background thread, or, `driven`, by whoever calls `step` when
+        `fileno()` is ready (the supervisor's loop) from the thread that calls it."""
         assert self._sock is not None
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._accept_from_now()
+        if driven:
+            self._driven = True
+            return
         self._thread = threading.Thread(target=self._run, name="fredica-control", daemon=True)
         self._thread.start()
+
+    def fileno(self) -> int:
+        """Readable when `step` has something to do (the selector's own descriptor)."""
+        return self._selector.fileno()
+
+    def next_step_in(self, now: float) -> float | None:
+        """Seconds until `step` must run even if nothing arrives (a deadline), None: no need."""
+        wake_at = [t for t in (self._next_deadline(), self._accept_again_at) if t is not None]
+        return max(0.0, min(wake_at) - now) if wake_at else None
+
+    def step(self) -> None:
+        """Do, without waiting, what the sockets are ready for (driven mode, the driving thread)."""
+        self._driver = threading.get_ident()
+        self._step(None, timeout=0.0)
+
+    def flush(self) -> None:
+        """Write the replies that are ready now, without waiting for the next `step` (driven mode:
+        the loop has just committed, and answered, the requests it ran)."""
+        self._take_replies()
 
     def close(self) -> None:
         """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest."""
@@ -203,6 +236,9 @@ class ControlServer:
         if self._thread is not None:
             self._wake()
             self._thread.join(CLOSE_GRACE + 5)
+        elif self._driven:  # its driver has stopped: the grace runs on the closing thread
+            self._driver = threading.get_ident()
+            self._run()
         else:  # never served: nothing to wait for
             self._close_sockets()
         try:
@@ -243,9 +279,10 @@ class ControlServer:
             if sock is not None:
                 sock.close()
 
-    def _step(self, grace_ends: float | None) -> None:
-        wake_at = [t for t in (self._next_deadline(), self._accept_again_at, grace_ends) if t is not None]
-        timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+    def _step(self, grace_ends: float | None, timeout: float | None = None) -> None:
+        if timeout is None:
+            wake_at = [t for t in (self._next_deadline(), self._accept_again_at, grace_ends) if t is not None]
+            timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
         for key, events in self._selector.select(timeout):
             conn = key.data
             try:
@@ -397,9 +434,12 @@ class ControlServer:
             self._send(conn, protocol.error(errors.Busy.kind, "the daemon cannot start a thread to answer: try again"))
 
     def _reply_later(self, conn: Connection, answered: concurrent.futures.Future[Any]) -> None:
-        """A handed-over write is answered (on the loop thread, after its commit): to the I/O thread."""
+        """A handed-over write is answered (on the loop thread, after its commit): to the I/O thread.
+        When that is the loop thread itself, it writes the reply in its `flush`, with no wake-up
+        (which would only make it look at its selector once more for nothing)."""
         self._replies.put((conn, answered))
-        self._wake()
+        if threading.get_ident() != self._driver:
+            self._wake()
 
     def _refuse(self, conn: Connection, exc: protocol.ProtocolError) -> None:
         """A frame that breaks the framing: where the next one would start is unknown, so the
@@ -454,14 +494,16 @@ class ControlServer:
             self._set_deadline(conn, time.monotonic() + self.request_timeout)  # it reads: give it time
 
     def _next_request(self, conn: Connection) -> None:
-        """The reply is written: read the connection's next request (one may be in already), or,
-        for a streamed reply, write its next frame when the socket is writable again (not at
-        once: a stream of a thousand frames is no recursion, and other clients get their turn)."""
+        """The reply is written: read the connection's next request (one may be in already), or
+        have the next frame of a streamed reply made."""
         conn.reply = None
         if conn.stream is not None:
-            conn.reply = memoryview(self._stream_frame(conn))
-            self._set_deadline(conn, time.monotonic() + self.request_timeout)
-            self._watch(conn, selectors.EVENT_WRITE)
+            stream, conn.stream = conn.stream, None
+            self._watch(conn, 0)
+            self._set_deadline(conn, None)  # the frame is being made: the handler's bounds apply
+            if not self.request_threads.submit(lambda: self._answer_page(conn, stream)):
+                log.warning("client_dropped", reason="cannot start a thread")
+                self._drop(conn)  # in the middle of a reply: nothing else can be said on it
             return
         if conn.last_reply or self._closing.is_set():
             self._drop(conn)
@@ -482,7 +524,7 @@ class ControlServer:
         if conn.closed:
             return
         conn.closed = True
-        if conn.stream is not None:
+        if conn.stream is not None:  # between two frames: no handler thread holds it
             conn.stream.close()
             conn.stream = None
         if conn.pending is not None:
@@ -511,15 +553,16 @@ class ControlServer:
             except queue.Empty:
                 return
             if conn.closed:
+                if isinstance(data, tuple) and data[1] is not None:
+                    data[1].close()  # its client is gone: the rest of its pages are never read
                 continue
             if isinstance(data, concurrent.futures.Future):
                 if data is not conn.pending:
                     continue  # withdrawn and refused already
                 conn.pending = None
                 data = self._encoded(self._outcome(conn.op, lambda: data.result(0)))
-            elif isinstance(data, protocol.Pages):
-                conn.stream = data
-                data = self._stream_frame(conn)
+            elif isinstance(data, tuple):  # a frame of a streamed reply, and the rest of it (None: done)
+                data, conn.stream = data
             if data is None:
                 self._drop(conn)
             else:
@@ -529,32 +572,35 @@ class ControlServer:
 
     def _answer(self, conn: Connection, reply_for: Callable[[], dict[str, Any]]) -> None:
         """Run one whole request and hand its encoded reply to the I/O thread (None: close)."""
-        data: bytes | protocol.Pages | None = None
+        data = None
         try:
             reply = reply_for()
-            data = reply if isinstance(reply, protocol.Pages) else self._encoded(reply)
+            data = self._frame_of(reply) if isinstance(reply, protocol.Pages) else self._encoded(reply)
         except Exception:  # a bug of ours: into the daemon's log, never its stderr
             log.exception("client_failed")
         finally:
             self._replies.put((conn, data))
             self._wake()
 
-    def _stream_frame(self, conn: Connection) -> bytes:
-        """The next frame of the connection's streamed reply; after its last, or an error (which
-        ends the stream as its last frame), the stream is done."""
-        assert conn.stream is not None
+    def _answer_page(self, conn: Connection, stream: protocol.Pages) -> None:
+        """Make the next frame of a streamed reply and hand it to the I/O thread."""
+        self._replies.put((conn, self._frame_of(stream)))
+        self._wake()
+
+    def _frame_of(self, stream: protocol.Pages) -> tuple[bytes, protocol.Pages | None]:
+        """The next frame of `stream`, and the stream if more frames follow. An error making it
+        is the stream's last frame."""
         last = True
         try:
-            message, last = conn.stream.next_frame()
+            message, last = stream.next_frame()
         except FredicaError as exc:
             message = protocol.error(exc.kind, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving
             log.exception("request_failed", op="stream")
             message = protocol.error(errors.InternalError.kind, f"the listing failed: {type(exc).__name__}: {exc}")
         if last:
-            conn.stream.close()
-            conn.stream = None
-        return self._encoded(message)
+            stream.close()
+        return self._encoded(message), None if last else stream
 
     @staticmethod
     def _encoded(reply: dict[str, Any]) -> bytes:

@@ -13,9 +13,9 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from daemon import faults, handoff, models, protocol, recovery
+from daemon import faults, handoff, models, protocol, retry
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, listing, restarts, runs, tasks
@@ -283,12 +283,21 @@ class Handlers:
         sup = self.sup
         return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
 
-    def op_restarts_recreate(self, id: int) -> dict[str, Any]:
+    def op_restarts_recreate(self, ids: list[str]) -> protocol.ResultsReply:
+        return self._rerun(retry.recreate_entries, ids)
+
+    def op_retry(self, ids: list[str]) -> protocol.ResultsReply:
+        return self._rerun(retry.retry_given, ids)
+
+    def _rerun(self, how: Callable[..., list[retry.Result]], ids: list[str]) -> protocol.ResultsReply:
+        """Copy what `ids` name into new runs (`daemon.retry`), in one transaction of the loop."""
+        if not ids:
+            raise protocol.ProtocolError("give at least one id")
         sup = self.sup
-        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock(), routes=sup.queues.routes,
-                                                        queue_names=sup.queues.names))
+        results = sup.call(lambda: how(sup.conn, ids, now=sup.clock(), routes=sup.queues.routes,
+                                       queue_names=sup.queues.names))
         sup.wake()
-        return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
+        return {"results": [result.to_dict() for result in results]}
 
 
 class _ThreadReader:

@@ -102,6 +102,7 @@ def _operation(op: str, /, writes: bool = False, streams: bool = False, **argume
 
 
 _ID = Argument("str", required=True)
+_IDS = Argument("list[str]", required=True)  # an acting request's ids: it replies with a ResultsReply
 
 # Every request type the daemon answers, with what it takes: the one table both sides check
 # requests against (the client before sending, the daemon before a handler runs).
@@ -126,7 +127,8 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
-    _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
+    _operation("restarts_recreate", writes=True, ids=_IDS),
+    _operation("retry", writes=True, ids=_IDS),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -152,6 +154,19 @@ class CancelReply(TypedDict):
     cancelled: list[str]
     stopping: list[str]
     dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
+
+
+class Result(TypedDict, total=False):
+    id: str  # required: the full id, or the text given when it names nothing
+    ok: bool  # required
+    message: str  # required: one line, what was done or why not
+    new_id: str  # retry, recreate: the copy (or the active task that holds its idempotency key)
+    run_id: str | None  # retry, recreate: the new run
+    copies: list[str]  # retry, recreate: the copies of the tasks its failure cancelled
+
+
+class ResultsReply(TypedDict):
+    results: list[Result]  # one per id asked, in order
 
 
 class ShowReply(TypedDict):

@@ -992,11 +992,12 @@ def test_restarts_empty(fake, fredica):
 
 def test_restarts_dismiss_and_recreate(fake, fredica, cfg):
     fake.handlers["restarts_dismiss"] = restart_entry(disposition="dismissed")
-    fake.handlers["restarts_recreate"] = {"run_id": RUN, "tasks": [ID_B]}
+    done = f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})"
+    fake.handlers["restarts_recreate"] = {"results": [{"id": "4", "ok": True, "message": done, "run_id": RUN}]}
     assert fredica("restarts", "dismiss", "3").stdout == "dismissed 3\n"
     result = CliRunner().invoke(cli.main, ["restarts", "recreate", "4", "--config", cfg])
-    assert (result.exit_code, result.stdout) == (0, f"{RUN}\n")
-    assert fake.requests == [("restarts_dismiss", {"id": 3}), ("restarts_recreate", {"id": 4})]
+    assert (result.exit_code, result.stdout) == (0, f"{done}\n")
+    assert fake.requests == [("restarts_dismiss", {"id": 3}), ("restarts_recreate", {"ids": ["4"]})]
 
 
 def test_restarts_dismiss_of_an_unknown_entry_exits_1(fake, fredica):

@@ -371,7 +371,7 @@ def test_the_operations_table_checks_names_presence_and_types() -> None:
             wait.check(args)
     writes = {name for name, op in protocol.OPERATIONS.items() if op.writes}
     assert writes == {"submit", "run", "cancel", "pause", "resume", "restarts_dismiss", "restarts_recreate",
-                      "queue_pause", "queue_resume", "queue_workers"}
+                      "retry", "queue_pause", "queue_resume", "queue_workers"}
 
 
 def test_a_frame_reader_keeps_what_came_after_a_frame() -> None:

@@ -87,7 +87,7 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     # Recreate brings back the interrupted task and the dependent its failure cancelled.
     entry = next(e for e in entries if e["task_id"] == grand_id)
     pid_file.unlink()
-    recreated = d.data("restarts_recreate", id=entry["id"])
+    (recreated,) = d.data("restarts_recreate", ids=[str(entry["id"])])["results"]
     new_run = d.data("show", id=recreated["run_id"])["object"]
     assert [t["type"] for t in new_run["tasks"]] == ["GRANDCHILD", "ECHO"]
     assert new_run["tasks"][1]["depends_on"] == [new_run["tasks"][0]["id"]]
