@@ -114,7 +114,7 @@ class Handlers:
             run_id=None if run is None else id_store.run_id(conn, run), task_type=type, since=since,
             sort=sort or listing.DEFAULT_SORT, now=self.sup.clock())
         matching = listing.count(conn, query) if total else None
-        # Each page on the reader of the thread that asks for it: the I/O thread's, after the first.
+        # Each page on the reader of the handler thread that makes its frame (not always the same).
         pages = ([t.to_dict() for t in found] for found in listing.tasks(_ThreadReader(self), query, limit))
         return protocol.Pages(self._checked(pages), (lambda: {"total": matching}) if total else dict)
 
@@ -301,8 +301,8 @@ class Handlers:
 
 
 class _ThreadReader:
-    """The handlers' read connection of whichever thread runs a query: a streamed reply's later
-    pages are read on the control socket's I/O thread, and a connection stays on its thread."""
+    """The handlers' read connection of whichever thread runs a query: a streamed reply's frames
+    are made by whichever handler thread is free, and a connection stays on its own thread."""
 
     def __init__(self, handlers: Handlers) -> None:
         self._handlers = handlers
