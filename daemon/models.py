@@ -43,6 +43,8 @@ WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
 # (SPEC §14). `held` is a word of the SPEC that names no state yet: refused as not supported.
 HELD = "held"
 TASK_FILTER_WORDS = (*(status.value for status in TaskStatus), *(word.value for word in DisplayStatus), HELD)
+# The orders `ls --sort` takes (`daemon.store.listing.SORTS` spells each in SQL).
+TASK_SORTS = ("submitted", "priority", "status", "type", "duration")
 
 
 def in_order(statuses: frozenset[TaskStatus]) -> list[str]:
@@ -182,11 +184,16 @@ class Task:
         return display_status(self.status, self.is_paused)
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as plain JSON-ready values, keyed by column name."""
-        data = dataclasses.asdict(self)
+        """The row as plain JSON-ready values, keyed by column name. The payload and result are
+        this snapshot's own (parsed for it alone), not copies: `dataclasses.asdict`'s deep copy
+        was 18 times slower, most of a 50,000-task `ls --json`'s time in the daemon."""
+        data = {name: getattr(self, name) for name in _TASK_FIELDS}
         data["status"] = self.status.value
         data["depends_on"] = list(self.depends_on)
         return data
+
+
+_TASK_FIELDS = tuple(field.name for field in dataclasses.fields(Task))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -383,9 +383,11 @@ class Supervisor:
                 queues_before = self.queues.state()  # nor the queues' pauses and sizes
                 self._flush_outbox()  # the requests' commands to their processes
             with db.write(self.conn):
-                # Requests first, then the clock: a task submitted by a request is stamped before
-                # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
-                answers = self._handoff.run_calls(self.conn)  # those that came since, if any
+                # Requests that came since wait for the next tick's own transaction (the loop's
+                # wake-up pipe says they are there): run here, their answer would wait behind this
+                # tick's claims and process starts. The clock is read after the requests' commit:
+                # a task submitted by a request is stamped before this tick's `now`, so
+                # created_at <= claimed_at <= started_at always holds.
                 now = self.clock() if now is None else now
                 self._note_shutdown(now)
                 timeout = self._tick(now)

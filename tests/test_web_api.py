@@ -59,6 +59,10 @@ def test_every_operation_of_the_protocol_table_is_served(d: HttpDaemon) -> None:
     # An empty body is either answered or refused for its arguments, never an unknown request.
     for op, operation in protocol.OPERATIONS.items():
         reply = d.raw("POST", f"/api/v1/{op}", b"")
+        if getattr(operation, "streams", False) and reply.status == 200:
+            lines = [json.loads(line) for line in reply.body.splitlines()]
+            assert lines and all(line["ok"] for line in lines) and "more" not in lines[-1]["data"], (op, lines)
+            continue
         assert reply.json is not None, (op, reply.status)
         required = [name for name, argument in operation.arguments.items() if argument.required]
         if required:
@@ -87,6 +91,19 @@ def test_reads_by_get_with_query_arguments(d: HttpDaemon) -> None:
     assert [t["name"] for t in d.get("/api/v1/templates").data] == ["count_then_echo"]
     run_id = shown["object"]["workflow_run_id"]
     assert run_id in [r["id"] for r in d.get("/api/v1/runs?limit=50").data]
+
+
+@pytest.mark.skipif("ls_pages" not in protocol.OPERATIONS, reason="this daemon has no streamed ls")
+def test_a_streamed_operation_answers_json_lines(d: HttpDaemon) -> None:
+    ids = [d.api("submit", tasks=[{"type": "ECHO", "payload": {"s": i}}])["tasks"][0]["id"] for i in range(3)]
+    reply = d.get("/api/v1/ls_pages?type=ECHO&total=true")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in reply.body.splitlines()]
+    assert all(line["ok"] for line in lines) and all(line["data"].get("more") for line in lines[:-1])
+    found = [task["id"] for line in lines for task in line["data"]["items"]]
+    assert set(ids) <= set(found) and lines[-1]["data"]["total"] == len(found)
+    refused = d.get("/api/v1/ls_pages?sort=sideways")
+    assert refused.status == 400 and refused.kind == "ProtocolError", refused.json
 
 
 def test_submit_run_wait_and_cancel_by_post(d: HttpDaemon) -> None:

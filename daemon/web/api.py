@@ -9,7 +9,10 @@ of this server's pool: never on the event loop, which must keep serving. Writes 
 supervisor's loop thread the way the socket's do, through the handlers.
 
 Replies have the control protocol's shape (`{"ok": true, "data": ...}` or `{"ok": false,
-"error": {"kind", "message"}}`), with the HTTP status said by the error's class (`STATUS`).
+"error": {"kind", "message"}}`), with the HTTP status said by the error's class (`STATUS`). A
+streamed operation (`Operation.streams`, `ls_pages`) answers `application/x-ndjson`: a line per
+frame of the socket's stream (`{"ok": true, "data": {"items": [...], "more": true}}`, the last
+without `more`), or an error as its last line once the stream has begun.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from daemon import errors, protocol
 
@@ -137,6 +140,22 @@ class Api:
             log.exception("http_request_failed", op=op)
             raise errors.InternalError(f"{op} failed: {type(exc).__name__}: {exc}") from None
 
+    async def _lines(self, op: str, pages: protocol.Pages) -> AsyncIterator[bytes]:
+        """A streamed reply (`Operation.streams`) as JSON lines, one frame's message a line, each
+        page made on the pool once the line before has gone; an error is the last line."""
+        loop = asyncio.get_running_loop()
+        last = False
+        while not last:
+            try:
+                message, last = await loop.run_in_executor(self.pool, pages.next_frame)
+            except errors.FredicaError as exc:
+                message, last = protocol.error(exc.kind, exc.message), True
+            except Exception as exc:  # a bug of ours: the stream ends with it said
+                log.exception("http_request_failed", op=op)
+                message, last = protocol.error(errors.InternalError.kind, f"{op} failed: {type(exc).__name__}"), True
+            message.pop("v", None)
+            yield (json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n").encode()
+
     async def endpoint(self, request: Request) -> Response:
         op = request.path_params["op"]
         try:
@@ -157,6 +176,9 @@ class Api:
                 args = protocol.decode(body) if body.strip() else {}
             _, args = protocol.parse_request({"v": protocol.VERSION, "op": op, "args": args})
             data = await self.run(op, args)
+            if isinstance(data, protocol.Pages):
+                return StreamingResponse(self._lines(op, data), media_type="application/x-ndjson",
+                                         headers={"cache-control": "no-store"})
             return json_response({"ok": True, "data": data})
         except errors.FredicaError as exc:
             if isinstance(exc, errors.ProtocolError):
