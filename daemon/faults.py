@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sqlite3
+from typing import Callable
 
 from daemon.errors import DatabaseFault  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
@@ -58,6 +59,16 @@ class DatabaseCorrupt(Exception):
 def refusal(kind: Kind) -> DatabaseFault:
     """What a request refused for a fault of this kind is told."""
     return DatabaseFault(REFUSALS[kind])
+
+
+def reader_refusal(exc: sqlite3.DatabaseError, report_corruption: Callable[[BaseException], None]) -> Exception:
+    """What a reader's database error is answered with: itself, or, for corruption, the refusal
+    that says so once `report_corruption` has told the loop (which ends the daemon: it must not go
+    on answering from a database it can no longer trust, SPEC §13)."""
+    if classify(exc) is not Kind.CORRUPT:
+        return exc
+    report_corruption(exc)
+    return refusal(Kind.CORRUPT)
 
 
 def classify(exc: BaseException) -> Kind | None:

@@ -213,14 +213,7 @@ class Handlers(Reads):
             raise self._refusal(exc) from None
 
     def _refusal(self, exc: sqlite3.DatabaseError) -> Exception:
-        """What a reader's database error is answered with: itself, or, for corruption, the
-        refusal that says so once the loop has been told."""
-        if faults.classify(exc) is not faults.Kind.CORRUPT:
-            return exc
-        # A reader met it first: the daemon must not go on answering while tasks run on a
-        # database it can no longer trust (SPEC §13).
-        self.sup.report_corruption(exc)
-        return faults.refusal(faults.Kind.CORRUPT)
+        return faults.reader_refusal(exc, self.sup.report_corruption)
 
     def _checked(self, pages: Iterator[list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
         try:

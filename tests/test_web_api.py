@@ -498,3 +498,20 @@ def test_clients_waiting_for_tasks_never_hold_up_other_requests(d: HttpDaemon) -
         assert time.monotonic() - started < 4, "requests waited for the waits"
         assert [w.result(60) for w in waits] == [200] * 30
     d.api("cancel", id=hang_id)
+
+
+def test_corruption_met_by_a_read_of_the_page_ends_the_daemon(tmp_path: Path) -> None:
+    # The page's own reads (not an operation of the protocol) must report it as Handlers do:
+    # the daemon must not go on answering from a database it cannot trust (SPEC §13).
+    from tests.test_database_faults import corrupt_under
+
+    web = HttpDaemon(tmp_path / "corrupt").start()
+    try:
+        web.api("submit", tasks=[{"type": "ECHO", "payload": {"i": i, "pad": "p" * 300}} for i in range(300)])
+        wait_for(lambda: web.get("/api/v1/page/tasks?limit=1&status=completed").data["total"] == 300, timeout=60)
+        corrupt_under(web.database)
+        reply = web.get("/api/v1/page/tasks?limit=500")
+        assert reply.status >= 500 and "corrupt" in reply.json["error"]["message"], (reply.status, reply.body[:300])
+        assert web.process is not None and web.process.wait(30) == 1
+    finally:
+        web.kill_if_running()

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable
 
 import structlog
 
+from daemon import faults
 from daemon.store import db, live, tasks
 
 log = structlog.get_logger("fredica.http")
@@ -39,8 +40,10 @@ class TaskChanges:
     """The one producer of task changes, and its subscribers (asyncio queues on one event loop)."""
 
     def __init__(self, database: Any, commits: Callable[[], int], wait_for_commit: Callable[[int, float], int],
-                 *, interval: float = INTERVAL) -> None:
+                 *, interval: float = INTERVAL,
+                 report_corruption: Callable[[BaseException], None] | None = None) -> None:
         self.database = database
+        self.report_corruption = report_corruption  # the supervisor's: a corrupt database ends the daemon
         self.commits = commits
         self.wait_for_commit = wait_for_commit
         self.interval = interval
@@ -128,6 +131,8 @@ class TaskChanges:
                 try:
                     changes = self.look(conn, time.monotonic())
                 except sqlite3.Error as exc:  # a fault the loop deals with; the page waits
+                    if isinstance(exc, sqlite3.DatabaseError) and self.report_corruption is not None:
+                        faults.reader_refusal(exc, self.report_corruption)  # corruption ends the daemon
                     log.warning("http_events_read_failed", error=str(exc))
                     changes = None
                 if changes is not None and self.loop is not None:

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from daemon import faults
 from daemon.store import db, live
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,7 +43,11 @@ class FredicaCollector:
         sup = self.sup
         conn = self._reader()
         by_status = GaugeMetricFamily("fredica_tasks", "Tasks stored, by status and queue", labels=["status", "queue"])
-        for status, queue, count in live.tasks_by_status_and_queue(conn):
+        try:
+            counted = live.tasks_by_status_and_queue(conn)
+        except sqlite3.DatabaseError as exc:
+            raise faults.reader_refusal(exc, sup.report_corruption) from None
+        for status, queue, count in counted:
             by_status.add_metric([status, queue], count)
         yield by_status
         busy = sup.busy_by_queue()

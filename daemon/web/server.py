@@ -77,11 +77,12 @@ class HttpServer:
         self.pool = concurrent.futures.ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="fredica-http")
         self.waits = concurrent.futures.ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="fredica-http-wait")
         self.api = api.Api(handle, self.pool, self.waits)
-        self.changes = events.TaskChanges(settings.database, supervisor.commits, supervisor.wait_for_commit)
+        self.changes = events.TaskChanges(settings.database, supervisor.commits, supervisor.wait_for_commit,
+                                          report_corruption=supervisor.report_corruption)
         self.metrics = metrics.Metrics(supervisor, self.changes)
         supervisor.attempt_observers.append(self.metrics.observe_attempt)
         self._stopping = threading.Event()
-        self.views = views.Views(settings.database, self.api, self._stopping.is_set)
+        self.views = views.Views(settings.database, self.api, self._stopping.is_set, supervisor.report_corruption)
         self.page = {path: (_page_file(name), kind) for path, (name, kind) in PAGE_FILES.items()}
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from daemon import errors, models, protocol
+from daemon import errors, faults, models, protocol
 from daemon.store import db, live
 from daemon.store import ids as id_store
 from daemon.web import api, events
@@ -31,8 +31,10 @@ LOG_INTERVAL = 0.25  # seconds between two looks at a followed log
 class Views:
     """The page's own reads, each run on the API's pool with a read-only connection per thread."""
 
-    def __init__(self, database: Any, api_: api.Api, stopping: Callable[[], bool]) -> None:
+    def __init__(self, database: Any, api_: api.Api, stopping: Callable[[], bool],
+                 report_corruption: Callable[[BaseException], None] = lambda exc: None) -> None:
         self.database = database
+        self.report_corruption = report_corruption
         self.api = api_
         self.stopping = stopping
         self._local = threading.local()
@@ -50,8 +52,12 @@ class Views:
         if status is not None and status not in models.TASK_FILTER_WORDS:
             raise errors.ProtocolError(f"unknown status {protocol.shown(status)}")
         conn = self._reader()
-        run_id = None if run is None else id_store.run_id(conn, run)
-        rows, total = live.newest(conn, status=status, run_id=run_id, task_type=task_type, before=before, limit=limit)
+        try:
+            run_id = None if run is None else id_store.run_id(conn, run)
+            rows, total = live.newest(conn, status=status, run_id=run_id, task_type=task_type, before=before,
+                                      limit=limit)
+        except sqlite3.DatabaseError as exc:
+            raise faults.reader_refusal(exc, self.report_corruption) from None
         return {"tasks": rows, "total": total}
 
     async def tasks(self, request: Request) -> Response:
