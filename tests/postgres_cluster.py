@@ -110,12 +110,13 @@ class Cluster:
         prepare(self.url(TEMPLATE))
         self.admin(f"ALTER DATABASE {TEMPLATE} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
 
-    def clone(self, label: str) -> str:
-        """A new database cloned from the template; its URL. `label` only helps reading logs."""
+    def clone(self, label: str, template: str = TEMPLATE) -> str:
+        """A new database cloned from the migrated template (`template0`: an empty one); its URL.
+        `label` only helps reading the server's log."""
         self._databases += 1
         name = "t%d_%s" % (self._databases, "".join(c if c.isalnum() else "_" for c in label.lower())[:40])
         # FILE_COPY: copying the template's few files beats WAL-logging every page of it.
-        self.admin(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE} STRATEGY FILE_COPY")
+        self.admin(f"CREATE DATABASE {name} TEMPLATE {template} STRATEGY FILE_COPY")
         return self.url(name)
 
     def drop(self, url: str) -> None:

@@ -94,7 +94,7 @@ def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
     if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
         parts.append("(status = 'running' AND is_paused = 1)")
     if not parts:
-        return "0", []  # no word that names a state: nothing matches
+        return "1 = 0", []  # no word that names a state: nothing matches (PostgreSQL wants a boolean)
     return "(" + " OR ".join(parts) + ")", sorted(stored)
 
 
