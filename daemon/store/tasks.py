@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import runs, statuses, submissions
+from daemon.store import backend, postgres_claim, runs, statuses, submissions
 from daemon.store.db import write
 from daemon.store.submissions import Submission, SubmittedTask  # noqa: F401 (the repository's API)
 from daemon.submission import TaskSpec
@@ -329,6 +329,8 @@ def claim_ready(
     """
     if limit <= 0:
         return []
+    if backend.of(conn) == backend.POSTGRESQL:  # several claimers at once: SKIP LOCKED
+        return postgres_claim.claim_ready(conn, now, limit, queue=queue, promote_delayed=promote_delayed)
     with write(conn):
         if promote_delayed:
             # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
