@@ -74,20 +74,11 @@ def database(request: pytest.FixtureRequest, db_path: Path) -> str | Path:
     or the module's PostgreSQL database emptied for this test."""
     if request.param == "sqlite":
         return db_path
+    from tests.postgres_cluster import empty
+
     url: str = request.getfixturevalue("postgres_module_database")
-    _empty_postgres(url)
+    empty(url)
     return url
-
-
-def _empty_postgres(url: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as raw:
-        tables = [row[0] for row in raw.execute(
-            "SELECT table_name FROM information_schema.tables"
-            " WHERE table_schema = 'public' AND table_name != 'schema_version'"
-        )]
-        raw.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture

@@ -124,6 +124,29 @@ class Cluster:
         self.admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def empty(url: str) -> None:
+    """Delete every row of a migrated database (its schema and version stay) and restart its
+    identity counters: a test module's database made new for its next test. DELETE, not
+    TRUNCATE: on tables of a few rows it takes ~2 ms where TRUNCATE's new files take ~90."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Referencing tables first, so that no foreign key is in the way.
+        tables = [row[0] for row in conn.execute(
+            """SELECT c.relname FROM pg_class AS c
+               WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r' AND c.relname != 'schema_version'
+               ORDER BY (SELECT count(*) FROM pg_constraint AS f WHERE f.contype = 'f' AND f.conrelid = c.oid) DESC"""
+        )]
+        sequences = [row[0] for row in conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'S'"
+        )]
+        with conn.transaction():
+            for table in tables:
+                conn.execute(f"DELETE FROM {table}")
+            for sequence in sequences:
+                conn.execute(f"ALTER SEQUENCE {sequence} RESTART")
+
+
 @contextlib.contextmanager
 def running_cluster(prepare: Callable[[str], None]) -> Iterator[Cluster]:
     """Start a cluster with a template database built by `prepare`, yield it, stop it."""
