@@ -17,3 +17,7 @@ import pytest
 @pytest.fixture
 def conn(store: sqlite3.Connection) -> sqlite3.Connection:
     return store
+
+
+# For a test of SQLite's own machinery (its query plans, statement traces): SQLite only.
+sqlite_only = pytest.mark.parametrize("database", ["sqlite"], indirect=True)

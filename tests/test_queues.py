@@ -21,6 +21,7 @@ from daemon.submission import TaskSpec, parse_spec
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests import store_steps
+from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
 
 NOW = 1000.0
 ROUTES = {"TRANSCODE_MP4": "media"}
@@ -55,6 +56,7 @@ def test_each_queue_claims_its_own_tasks_by_priority_then_submission_order(conn:
     assert store_steps.claim_next(conn, NOW, queue="nowhere") is None
 
 
+@sqlite_only  # SQLite's query plan and statement trace
 def test_the_claim_of_a_queue_is_a_lookup_in_the_ready_index_by_queue(conn: sqlite3.Connection) -> None:
     _submit(conn, *(TaskSpec(type="TRANSCODE_MP4", priority=9) for _ in range(50)), TaskSpec(type="ECHO"))
     traced: list[str] = []
