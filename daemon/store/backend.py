@@ -22,3 +22,10 @@ def is_postgres(database: str | Path) -> bool:
 def of(conn: object) -> str:
     """The backend a connection is on (a `sqlite3.Connection` has no `backend` attribute)."""
     return getattr(conn, "backend", SQLITE)
+
+
+def for_share(conn: object) -> str:
+    """The clause that makes a SELECT lock the rows it reads until commit on PostgreSQL (SQLite's
+    writers are serialized already, and it has no such clause): for reads that a write in the
+    same transaction depends on, such as the statuses of a submission's dependencies."""
+    return " FOR SHARE" if of(conn) == POSTGRESQL else ""

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 from daemon.errors import SubmissionRefused
 from daemon.models import TaskStatus
-from daemon.store import runs, statuses
+from daemon.store import backend, runs, statuses
 from daemon.store.db import write
 from daemon.submission import TaskSpec, resolve_batch
 
@@ -130,7 +130,9 @@ def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[s
     ids = sorted(task_ids)
     for start in range(0, len(ids), 500):  # stay below SQLite's bound-parameter limit
         chunk = ids[start : start + 500]
-        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})"
+        # Locked on PostgreSQL: a dependency completing meanwhile would unblock its dependents
+        # before this one's edge exists, and leave it waiting forever.
+        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))}){backend.for_share(conn)}"
         for row in conn.execute(sql, chunk):
             found[row["id"]] = (row["seq"], TaskStatus(row["status"]))
     for task_id in ids:

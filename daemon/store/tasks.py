@@ -139,6 +139,17 @@ def _transition(
             raise InvalidTransition(row["id"], current.value, target.value)
     if not rows:
         return []
+    read_in = {row["status"] for row in rows}
+    if len(read_in) > 1:
+        # Each row must still be in the status it was read in, which the run counters move by:
+        # on PostgreSQL another connection may have moved it since (SQLite's writers cannot
+        # interleave). One guarded UPDATE per status read, all in the caller's transaction.
+        return [
+            task
+            for status in sorted(read_in)
+            for task in _transition(conn, [r for r in rows if r["status"] == status], target, now=now,
+                                    fields=fields, cascade=cascade, snapshots=snapshots)
+        ]
 
     assignments = {"status": target.value, **fields}
     raw: dict[str, str] = {}
@@ -159,11 +170,8 @@ def _transition(
 
     set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
     seqs = [row["seq"] for row in rows]
-    # Rows that were all read in one status must still be in it (a caller's snapshot may be
-    # stale); otherwise any allowed source will do, each row's own status having just been read.
-    read_in = {row["status"] for row in rows}
-    guard = read_in if len(read_in) == 1 else {s.value for s in sources}
-    source_sql = ", ".join(f"'{status}'" for status in sorted(guard))
+    # The rows, all read in one status, must still be in it (a caller's snapshot may be stale).
+    source_sql = ", ".join(f"'{status}'" for status in sorted(read_in))
     params = {**assignments, "now": now}
     updated: list[Task] = []
     changed = 0
