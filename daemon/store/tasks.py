@@ -139,17 +139,6 @@ def _transition(
             raise InvalidTransition(row["id"], current.value, target.value)
     if not rows:
         return []
-    read_in = {row["status"] for row in rows}
-    if len(read_in) > 1:
-        # Each row must still be in the status it was read in, which the run counters move by:
-        # on PostgreSQL another connection may have moved it since (SQLite's writers cannot
-        # interleave). One guarded UPDATE per status read, all in the caller's transaction.
-        return [
-            task
-            for status in sorted(read_in)
-            for task in _transition(conn, [r for r in rows if r["status"] == status], target, now=now,
-                                    fields=fields, cascade=cascade, snapshots=snapshots)
-        ]
 
     assignments = {"status": target.value, **fields}
     raw: dict[str, str] = {}
@@ -170,18 +159,22 @@ def _transition(
 
     set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
     seqs = [row["seq"] for row in rows]
-    # The rows, all read in one status, must still be in it (a caller's snapshot may be stale).
-    source_sql = ", ".join(f"'{status}'" for status in sorted(read_in))
+    # Each row must still be in the status it was read in, which the run counters move by: a
+    # caller's snapshot may be stale, and on PostgreSQL another connection may have moved it since
+    # (SQLite's writers cannot interleave). So one guarded UPDATE per status read (and per 500).
+    read_in: dict[str, list[int]] = {}
+    for row in rows:
+        read_in.setdefault(row["status"], []).append(row["seq"])
+    chunks = [(status, group[i : i + 500]) for status, group in read_in.items() for i in range(0, len(group), 500)]
     params = {**assignments, "now": now}
     updated: list[Task] = []
     changed = 0
     returning = " RETURNING *" if snapshots else ""
-    for start in range(0, len(seqs), 500):
-        chunk = seqs[start : start + 500]
+    for status, chunk in chunks:
         marks = ", ".join(f":s{i}" for i in range(len(chunk)))
         params_chunk = {**params, **{f"s{i}": seq for i, seq in enumerate(chunk)}}
         cursor = conn.execute(
-            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status IN ({source_sql}){returning}",
+            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status = '{status}'{returning}",
             params_chunk,
         )
         if snapshots:
