@@ -101,13 +101,13 @@ def test_rerouting_moves_routed_tasks_and_those_whose_named_queue_is_gone(conn: 
     assert queue_store.reroute(conn, {}, ["default"], "default") == {"default": 4}
 
 
-def test_paused_queues_are_kept(db_path: Path) -> None:
-    conn = db.open_database(db_path)
+def test_paused_queues_are_kept(database: str | Path) -> None:
+    conn = db.open_database(database)
     assert queue_store.paused(conn) == set()
     assert queue_store.set_paused(conn, "media", True, now=NOW)
     assert not queue_store.set_paused(conn, "media", True, now=NOW)
     conn.close()
-    conn = db.open_database(db_path)
+    conn = db.open_database(database)
     assert queue_store.paused(conn) == {"media"}
     assert queue_store.set_paused(conn, "media", False, now=NOW)
     assert queue_store.paused(conn) == set()
