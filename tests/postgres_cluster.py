@@ -158,6 +158,12 @@ def running_cluster(prepare: Callable[[str], None]) -> Iterator[Cluster]:
         import psycopg  # noqa: F401
     except ImportError:
         unavailable("psycopg is not installed: pip install 'psycopg[binary,pool]'")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            unavailable(f"running as root, and there is no {SERVER_USER!r} user to run the server as "
+                        "(initdb refuses root; Debian's postgresql package creates that user)")
     # Not under pytest's tmp dir: that one is private to this user, and the server user must enter
     # it; and a Unix socket path must stay under ~100 bytes.
     cluster = Cluster(bin_dir, Path(tempfile.mkdtemp(prefix="fredica-pg-")))
