@@ -1,4 +1,4 @@
-"""Claiming on PostgreSQL while another connection is claiming (daemon/store/postgres_claim.py)."""
+"""Claiming on PostgreSQL while another connection is claiming (daemon/store/postgres/claim.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend's translation of the store's SQLite dialect (daemon/store/postgres.py)."""
+"""The PostgreSQL backend's translation of the store's SQLite dialect (daemon/store/postgres/connection.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("psycopg")
 
 from daemon.store import backend  # noqa: E402
-from daemon.store.postgres import translate  # noqa: E402
+from daemon.store.postgres.connection import translate  # noqa: E402
 
 
 @pytest.mark.parametrize(

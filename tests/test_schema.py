@@ -7,7 +7,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from daemon.store import db, migrations, postgres_migrations, schema
+from daemon.store import db, migrations, schema
+from daemon.store.postgres import migrations as postgres_migrations
 from tests.postgres_cluster import Cluster
 
 

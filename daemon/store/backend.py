@@ -1,7 +1,7 @@
 """Which backend a `database` setting names, and which one a connection is on.
 
 A path is SQLite (the default, and the fastest on one host); a `postgresql://` URL is PostgreSQL
-(`postgres.py`, several supervisors sharing one queue, SPEC §16). Nothing here imports psycopg:
+(`postgres/`, several supervisors sharing one queue, SPEC §16). Nothing here imports psycopg:
 a SQLite daemon and the CLI never pay for loading it.
 """
 

@@ -70,11 +70,11 @@ def open_database(
 ) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path`, check that it is whole and writable, and
     bring its schema up to date. DatabaseUnusable, with nothing changed, when it is not (SPEC §13).
-    A `postgresql://` URL opens that PostgreSQL database instead (`postgres.py`, SPEC §16)."""
+    A `postgresql://` URL opens that PostgreSQL database instead (`postgres/`, SPEC §16)."""
     if backend.is_postgres(path):
-        from daemon.store import postgres  # only here: SQLite users never import psycopg
+        from daemon.store.postgres import connection  # only here: SQLite users never import psycopg
 
-        return postgres.open_database(str(path))  # type: ignore[return-value]
+        return connection.open_database(str(path))  # type: ignore[return-value]
     path = Path(path)
     wal = Path(f"{path}-wal")
     if not path.exists() and wal.exists():

@@ -1,7 +1,7 @@
 """The schema at the latest migration, for each backend, written out whole in one place to read.
 
 Databases are never built from this: they are built by the migrations (`migrations.py` for SQLite,
-`postgres_migrations.py` for PostgreSQL), which is how an existing database gets there too. A test
+`postgres/migrations.py` for PostgreSQL), which is how an existing database gets there too. A test
 (tests/test_schema.py) builds a database from these statements and one by the migrations and
 checks that the two have the same tables, columns, keys and indexes: a migration that forgets a
 column, an index or a default, or a schema change made without a migration, is found there.

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import backend, postgres_claim, runs, statuses, submissions
+from daemon.store import backend, runs, statuses, submissions
+from daemon.store.postgres import claim as postgres_claim
 from daemon.store.db import write
 from daemon.store.submissions import Submission, SubmittedTask  # noqa: F401 (the repository's API)
 from daemon.submission import TaskSpec

@@ -13,7 +13,7 @@ Each statement text is translated once (cached) from the store's dialect to Post
   serialize as SQLite's do: the guarded transition's `UPDATE ... WHERE status IN (...)` is
   re-evaluated by PostgreSQL on the newest version of a row it had to wait for, so a transition
   from a status that changed meanwhile updates nothing and the caller's count check refuses it;
-  the claim locks what it takes with `FOR UPDATE SKIP LOCKED` (`claims.py`); and an insert that
+  the claim locks what it takes with `FOR UPDATE SKIP LOCKED` (`claim.py`); and an insert that
   meets an active task's idempotency key waits for that task's transaction, then does nothing;
 - `INDEXED BY <index>` (SQLite's planner hints) is dropped: PostgreSQL's planner needs none;
 - `INSERT OR IGNORE INTO ...` becomes `INSERT INTO ... ON CONFLICT DO NOTHING`;
@@ -184,11 +184,11 @@ def connect(url: str) -> PostgresConnection:
 
 def open_database(url: str) -> PostgresConnection:
     """Connect to the database at `url` and bring its schema up to date (SPEC §13, §16)."""
-    from daemon.store import postgres_migrations
+    from daemon.store.postgres import migrations
 
     conn = connect(url)
     try:
-        postgres_migrations.migrate(conn)
+        migrations.migrate(conn)
     except BaseException:
         conn.close()
         raise

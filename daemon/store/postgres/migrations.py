@@ -1,6 +1,6 @@
 """PostgreSQL's versioned, append-only schema migrations, tracked in the table `schema_version`.
 
-The same version numbers as SQLite's list (`migrations.py`), each meaning the same schema, so that
+The same version numbers as SQLite's list (`daemon/store/migrations.py`), each meaning the same schema, so that
 "schema version 7" names one set of tables and indexes whichever backend holds them. Types are
 PostgreSQL's: `DOUBLE PRECISION` for times, `BIGINT ... IDENTITY` for `seq` and the restart log's
 id, `TEXT` for ids and JSON (the store reads and writes JSON as text on both backends).
@@ -11,7 +11,7 @@ is never data of an older shape to fix.
 
 Each migration runs in one transaction with the bump of `schema_version`, under an advisory lock,
 so that supervisors on several hosts starting at once apply it once. Never edit one that has
-shipped: add a new one, here and in `migrations.py`, with the same number.
+shipped: add a new one, here and in `daemon/store/migrations.py`, with the same number.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from daemon.errors import MigrationError
-from daemon.store.migrations import Migration
+from daemon.store.migrations import Migration  # the same record, another dialect
 
 if TYPE_CHECKING:
-    from daemon.store.postgres import PostgresConnection
+    from daemon.store.postgres.connection import PostgresConnection
 
 # Any constant that no other advisory-lock user of the database picks: "fredica" in ASCII.
 MIGRATION_LOCK = 0x66726564696361
