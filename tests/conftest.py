@@ -1,4 +1,5 @@
-"""Shared test helpers: a real SQLite file per test, and `wait_for` instead of sleeps."""
+"""Shared test helpers: a real SQLite file per test (or a real PostgreSQL database, for the store's
+conformance suite), and `wait_for` instead of sleeps."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from daemon.store import db
 
 if TYPE_CHECKING:
     from tests.daemon_harness import Daemon
+    from tests.postgres_cluster import Cluster
+
+# The store's backends, for the tests that run against each (`store`, `database`).
+BACKENDS = ("sqlite", "postgresql")
 
 T = TypeVar("T")
 
@@ -38,6 +43,48 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def conn(db_path: Path) -> Iterator[sqlite3.Connection]:
     connection = db.open_database(db_path)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator["Cluster"]:
+    """This worker's throwaway PostgreSQL cluster, with a migrated template database (started at
+    its first use; skipped, or failed under CI=true, without PostgreSQL: tests/postgres_cluster.py)."""
+    from tests.postgres_cluster import running_cluster
+
+    def migrate(url: str) -> None:
+        db.open_database(url).close()
+
+    with running_cluster(migrate) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def postgres_module_database(postgres_cluster: "Cluster", request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of this test module's own database, cloned from the migrated template."""
+    url = postgres_cluster.clone(request.module.__name__.rsplit(".", 1)[-1])
+    yield url
+    postgres_cluster.drop(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def database(request: pytest.FixtureRequest, db_path: Path) -> str | Path:
+    """What `database` names in the config, once per backend: a SQLite file of this test's own,
+    or the module's PostgreSQL database emptied for this test."""
+    if request.param == "sqlite":
+        return db_path
+    from tests.postgres_cluster import empty
+
+    url: str = request.getfixturevalue("postgres_module_database")
+    empty(url)
+    return url
+
+
+@pytest.fixture
+def store(database: str | Path) -> Iterator[sqlite3.Connection]:
+    """An open, migrated store connection, once per backend (the conformance suite's `conn`)."""
+    connection = db.open_database(database)
     yield connection
     connection.close()
 

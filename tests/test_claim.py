@@ -12,6 +12,7 @@ from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
 T0 = 5_000.0
 
@@ -218,9 +219,9 @@ def test_chain_failure_cancels_everything_downstream_in_the_same_call(conn: sqli
 # --- atomicity across connections ---------------------------------------------------------------
 
 
-def test_two_connections_never_claim_the_same_task(db_path: Path, conn: sqlite3.Connection) -> None:
+def test_two_connections_never_claim_the_same_task(database: str | Path, conn: sqlite3.Connection) -> None:
     ids = submit(conn, *({"type": "T", "priority": i % 3} for i in range(40)))
-    other = db.open_database(db_path)
+    other = db.open_database(database)
     try:
         seen: list[str] = []
         for turn in range(50):
@@ -244,13 +245,13 @@ def _claim_worker(path: str, barrier: Any, results: Any) -> None:
     results.put(claimed)
 
 
-def test_processes_never_claim_the_same_task(db_path: Path, conn: sqlite3.Connection) -> None:
+def test_processes_never_claim_the_same_task(database: str | Path, conn: sqlite3.Connection) -> None:
     # Four processes rather than two: with two, a claim that is not atomic slips through too often.
     ids = submit(conn, *({"type": "T"} for _ in range(400)))
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     results = ctx.Queue()
-    workers = [ctx.Process(target=_claim_worker, args=(str(db_path), barrier, results)) for _ in range(4)]
+    workers = [ctx.Process(target=_claim_worker, args=(str(database), barrier, results)) for _ in range(4)]
     for worker in workers:
         worker.start()
     try:

@@ -14,6 +14,7 @@ from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
 from daemon.submission import TaskSpec, parse_spec
 from tests import store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
 T0 = 3_000.0
 KEY = "m-1:DOWNLOAD_VIDEO"
@@ -202,13 +203,13 @@ def _submit_worker(path: str, keys: list[str], barrier: Any, results: Any) -> No
         conn.close()
 
 
-def test_processes_submitting_one_key_at_once_store_one_task(db_path: Path, conn: sqlite3.Connection) -> None:
+def test_processes_submitting_one_key_at_once_store_one_task(database: str | Path, conn: sqlite3.Connection) -> None:
     keys = [f"race-{i}" for i in range(ROUNDS)]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(WORKERS)
     results = ctx.Queue()
     workers = [
-        ctx.Process(target=_submit_worker, args=(str(db_path), keys, barrier, results)) for _ in range(WORKERS)
+        ctx.Process(target=_submit_worker, args=(str(database), keys, barrier, results)) for _ in range(WORKERS)
     ]
     for worker in workers:
         worker.start()

@@ -11,6 +11,7 @@ from daemon.errors import AmbiguousId, IdTooShort, UnknownRun, UnknownTask
 from daemon.models import TaskStatus as S
 from daemon.store import ids, tasks
 from daemon.submission import TaskSpec
+from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
 
 T0 = 1_000.0
 
@@ -99,6 +100,7 @@ def test_prefixes_at_the_ends_of_text(conn: sqlite3.Connection) -> None:
     assert ids.task_id(conn, "abc" + above_surrogates) == "abc" + above_surrogates + "-2"
 
 
+@sqlite_only  # SQLite's query plan and statement trace
 def test_the_lookup_is_a_range_on_the_id_index(conn: sqlite3.Connection) -> None:
     submit(conn, "abcdef", "abcdeg")
     ran: list[str] = []

@@ -21,6 +21,7 @@ from daemon.submission import TaskSpec, parse_spec
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests import store_steps
+from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
 
 NOW = 1000.0
 ROUTES = {"TRANSCODE_MP4": "media"}
@@ -55,6 +56,7 @@ def test_each_queue_claims_its_own_tasks_by_priority_then_submission_order(conn:
     assert store_steps.claim_next(conn, NOW, queue="nowhere") is None
 
 
+@sqlite_only  # SQLite's query plan and statement trace
 def test_the_claim_of_a_queue_is_a_lookup_in_the_ready_index_by_queue(conn: sqlite3.Connection) -> None:
     _submit(conn, *(TaskSpec(type="TRANSCODE_MP4", priority=9) for _ in range(50)), TaskSpec(type="ECHO"))
     traced: list[str] = []
@@ -99,13 +101,13 @@ def test_rerouting_moves_routed_tasks_and_those_whose_named_queue_is_gone(conn: 
     assert queue_store.reroute(conn, {}, ["default"], "default") == {"default": 4}
 
 
-def test_paused_queues_are_kept(db_path: Path) -> None:
-    conn = db.open_database(db_path)
+def test_paused_queues_are_kept(database: str | Path) -> None:
+    conn = db.open_database(database)
     assert queue_store.paused(conn) == set()
     assert queue_store.set_paused(conn, "media", True, now=NOW)
     assert not queue_store.set_paused(conn, "media", True, now=NOW)
     conn.close()
-    conn = db.open_database(db_path)
+    conn = db.open_database(database)
     assert queue_store.paused(conn) == {"media"}
     assert queue_store.set_paused(conn, "media", False, now=NOW)
     assert queue_store.paused(conn) == set()

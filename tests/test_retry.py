@@ -10,6 +10,7 @@ from daemon import recovery, retry
 from daemon.models import TaskStatus as S
 from daemon.store import restarts, runs, tasks
 from daemon.submission import TaskSpec
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
 T0 = 1_000.0
 

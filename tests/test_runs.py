@@ -13,6 +13,7 @@ from daemon.models import RunCounts, RunStatus
 from daemon.models import TaskStatus as S
 from daemon.store import db, runs, tasks
 from tests import store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 from daemon.submission import TaskSpec
 
 T0 = 4_000.0

@@ -1,4 +1,5 @@
-"""Stateful property test of the task store (SPEC §2-§5, §10) on a real SQLite file.
+"""Stateful property test of the task store (SPEC §2-§5, §10) on a real SQLite file and on a real
+PostgreSQL database (one machine, run once per backend).
 
 A hypothesis `RuleBasedStateMachine` submits batches (with random priorities, dependencies on
 stored tasks of every status and on earlier lines of the batch, idempotency keys from a small pool),
@@ -31,18 +32,22 @@ import sqlite3
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
+)
 
 from daemon.errors import InvalidTransition, SubmissionRefused, UnknownRun, UnknownTask
 from daemon.models import DEPENDENCY_FAILED, TaskStatus
 from daemon.store import db, runs, tasks
 from daemon.submission import parse_spec
-from tests import store_steps
+from tests import postgres_cluster, store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
+from tests.conftest import BACKENDS
 
 PENDING, CLAIMED, RUNNING = "pending", "claimed", "running"
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
@@ -97,11 +102,21 @@ def dump(conn: sqlite3.Connection) -> tuple[list[tuple], ...]:
     )
 
 
+# An empty, migrated store for one example, and the directory to remove after it (if any).
+Opener = Callable[[], tuple[sqlite3.Connection, str | None]]
+
+
+def _fresh_sqlite() -> tuple[sqlite3.Connection, str | None]:
+    tmpdir = tempfile.mkdtemp(prefix="fredica-stateful-")
+    return db.open_database(os.path.join(tmpdir, "fredica.db")), tmpdir
+
+
 class StoreMachine(RuleBasedStateMachine):
+    open_store: Opener = staticmethod(_fresh_sqlite)  # per backend: `test_store_state_machine`
+
     def __init__(self) -> None:
         super().__init__()
-        self.tmpdir = tempfile.mkdtemp(prefix="fredica-stateful-")
-        self.conn = db.open_database(os.path.join(self.tmpdir, "fredica.db"))
+        self.conn, self.tmpdir = self.open_store()
         self.now = START_TIME
         self.model: dict[str, ModelTask] = {}
         self.children: dict[str, list[str]] = collections.defaultdict(list)
@@ -117,7 +132,8 @@ class StoreMachine(RuleBasedStateMachine):
         for status in (COMPLETED, FAILED, CANCELLED):
             event(f"{status} tasks at the end: {'some' if statuses[status] else 'none'}")
         self.conn.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     # --- model helpers -------------------------------------------------------------------------
 
@@ -638,7 +654,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.terminal_rows[task_id] = snapshot
 
 
-StoreMachine.TestCase.settings = settings(
+MACHINE_SETTINGS = settings(
     # FREDICA_STATEFUL_EXAMPLES=1000 for a longer hunt (about 1 s of CPU per 20 examples).
     max_examples=int(os.environ.get("FREDICA_STATEFUL_EXAMPLES", "60")),
     stateful_step_count=40,
@@ -646,7 +662,20 @@ StoreMachine.TestCase.settings = settings(
     derandomize=os.environ.get("CI") == "true",
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStoreStateMachine = StoreMachine.TestCase
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_store_state_machine(backend: str, request: pytest.FixtureRequest) -> None:
+    opener: Opener = _fresh_sqlite
+    if backend == "postgresql":
+        url = request.getfixturevalue("postgres_module_database")
+
+        def opener() -> tuple[sqlite3.Connection, str | None]:
+            postgres_cluster.empty(url)
+            return db.open_database(url), None
+
+    machine = type(f"StoreMachineOn{backend.title()}", (StoreMachine,), {"open_store": staticmethod(opener)})
+    run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
 
 
 # --- regression: a store bug the machine found ---------------------------------------------------

@@ -14,6 +14,7 @@ from daemon.models import TaskStatus as S
 from daemon.store import runs, tasks
 from daemon.submission import MAX_PRIORITY, MAX_RETRIES, parse_spec
 from tests import store_steps
+from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
 
 T0 = 2_000.0
 
@@ -308,6 +309,7 @@ def test_same_dependency_by_key_and_by_id_is_one_dependency(conn: sqlite3.Connec
     assert tasks.get(conn, b.id).depends_on == (a.id,)
 
 
+@sqlite_only  # SQLite's query plan and statement trace
 def test_one_task_submission_is_one_statement_per_row_it_writes(conn: sqlite3.Connection) -> None:
     """The run is inserted with its counters and status already right (all its tasks pending), so
     nothing reads it back or updates it: the run, the task and its one dependency edge."""

@@ -14,6 +14,7 @@ from daemon.models import TaskStatus as S
 from daemon.store import runs, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
 # SPEC §3 written out again, so the table in models.py is checked against the contract, not itself.
 SPEC_ALLOWED = {

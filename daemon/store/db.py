@@ -21,7 +21,7 @@ from typing import Iterator
 
 from daemon import paths
 from daemon.errors import DatabaseUnusable  # noqa: F401 (re-exported: this module's errors live in the catalogue)
-from daemon.store import migrations
+from daemon.store import backend, migrations
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
 BUSY_TIMEOUT = 10.0  # seconds a write waits for another process's lock
@@ -91,7 +91,12 @@ def open_database(
     path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT
 ) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path`, check that it is whole and writable, and
-    bring its schema up to date. DatabaseUnusable, with nothing changed, when it is not (SPEC §13)."""
+    bring its schema up to date. DatabaseUnusable, with nothing changed, when it is not (SPEC §13).
+    A `postgresql://` URL opens that PostgreSQL database instead (`postgres/`, SPEC §16)."""
+    if backend.is_postgres(path):
+        from daemon.store.postgres import connection  # only here: SQLite users never import psycopg
+
+        return connection.open_database(str(path))  # type: ignore[return-value]
     path = Path(path)
     wal = Path(f"{path}-wal")
     if not path.exists() and wal.exists():

@@ -97,7 +97,9 @@ def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) 
     for run_id, source, target in shifts:
         deltas[run_id][COUNT_COLUMN[source]] -= 1
         deltas[run_id][COUNT_COLUMN[target]] += 1
-    for run_id, delta in deltas.items():
+    # In one order (by id): on PostgreSQL each UPDATE locks its run's row until commit, and two
+    # transactions that locked the same runs in different orders would deadlock.
+    for run_id, delta in sorted(deltas.items()):
         changes = {column: n for column, n in delta.items() if n}
         if not changes:
             continue

@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 
 from daemon.errors import AmbiguousId, IdTooShort, SubmissionRefused, UnknownTask
 from daemon.models import TaskStatus
+from daemon.store import backend, runs, statuses
 from daemon.store import ids as id_store
-from daemon.store import runs, statuses
 from daemon.store.db import write
 from daemon.submission import TaskSpec, resolve_batch
 
@@ -153,7 +153,10 @@ def _rows_with_ids(conn: sqlite3.Connection, task_ids: set[str]) -> list[sqlite3
     ids, rows = sorted(task_ids), []
     for start in range(0, len(ids), 500):  # stay below SQLite's bound-parameter limit
         chunk = ids[start : start + 500]
-        rows += conn.execute(f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+        # Locked on PostgreSQL: a dependency completing meanwhile would unblock its dependents
+        # before this one's edge exists, and leave it waiting forever.
+        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))}){backend.for_share(conn)}"
+        rows += conn.execute(sql, chunk)
     return rows
 
 

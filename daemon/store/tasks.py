@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import runs, statuses, submissions
+from daemon.store import backend, runs, statuses, submissions
+from daemon.store.postgres import claim as postgres_claim
 from daemon.store.db import write
 from daemon.store.submissions import Submission, SubmittedTask  # noqa: F401 (the repository's API)
 from daemon.submission import TaskSpec
@@ -108,7 +109,7 @@ def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
     if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
         parts.append("(status = 'running' AND is_paused = 1)")
     if not parts:
-        return "0", []  # no word that names a state: nothing matches
+        return "1 = 0", []  # no word that names a state: nothing matches (PostgreSQL wants a boolean)
     return "(" + " OR ".join(parts) + ")", sorted(stored)
 
 
@@ -173,21 +174,22 @@ def _transition(
 
     set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
     seqs = [row["seq"] for row in rows]
-    # Rows that were all read in one status must still be in it (a caller's snapshot may be
-    # stale); otherwise any allowed source will do, each row's own status having just been read.
-    read_in = {row["status"] for row in rows}
-    guard = read_in if len(read_in) == 1 else {s.value for s in sources}
-    source_sql = ", ".join(f"'{status}'" for status in sorted(guard))
+    # Each row must still be in the status it was read in, which the run counters move by: a
+    # caller's snapshot may be stale, and on PostgreSQL another connection may have moved it since
+    # (SQLite's writers cannot interleave). So one guarded UPDATE per status read (and per 500).
+    read_in: dict[str, list[int]] = {}
+    for row in rows:
+        read_in.setdefault(row["status"], []).append(row["seq"])
+    chunks = [(status, group[i : i + 500]) for status, group in read_in.items() for i in range(0, len(group), 500)]
     params = {**assignments, "now": now}
     updated: list[Task] = []
     changed = 0
     returning = " RETURNING *" if snapshots else ""
-    for start in range(0, len(seqs), 500):
-        chunk = seqs[start : start + 500]
+    for status, chunk in chunks:
         marks = ", ".join(f":s{i}" for i in range(len(chunk)))
         params_chunk = {**params, **{f"s{i}": seq for i, seq in enumerate(chunk)}}
         cursor = conn.execute(
-            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status IN ({source_sql}){returning}",
+            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status = '{status}'{returning}",
             params_chunk,
         )
         if snapshots:
@@ -343,6 +345,8 @@ def claim_ready(
     """
     if limit <= 0:
         return []
+    if backend.of(conn) == backend.POSTGRESQL:  # several claimers at once: SKIP LOCKED
+        return postgres_claim.claim_ready(conn, now, limit, queue=queue, promote_delayed=promote_delayed)
     with write(conn):
         if promote_delayed:
             # Retries whose delay has passed join the ready tasks (a cheap range read when none has).

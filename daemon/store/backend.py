@@ -1,0 +1,31 @@
+"""Which backend a `database` setting names, and which one a connection is on.
+
+A path is SQLite (the default, and the fastest on one host); a `postgresql://` URL is PostgreSQL
+(`postgres/`, several supervisors sharing one queue, SPEC §16). Nothing here imports psycopg:
+a SQLite daemon and the CLI never pay for loading it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(database: str | Path) -> bool:
+    """Whether `database` (a config value: a path or a URL) names a PostgreSQL database."""
+    return isinstance(database, str) and database.startswith(POSTGRES_SCHEMES)
+
+
+def of(conn: object) -> str:
+    """The backend a connection is on (a `sqlite3.Connection` has no `backend` attribute)."""
+    return getattr(conn, "backend", SQLITE)
+
+
+def for_share(conn: object) -> str:
+    """The clause that makes a SELECT lock the rows it reads until commit on PostgreSQL (SQLite's
+    writers are serialized already, and it has no such clause): for reads that a write in the
+    same transaction depends on, such as the statuses of a submission's dependencies."""
+    return " FOR SHARE" if of(conn) == POSTGRESQL else ""

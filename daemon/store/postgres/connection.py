@@ -1,0 +1,205 @@
+"""The PostgreSQL backend: a psycopg 3 connection that speaks the store's SQLite dialect.
+
+The store's repositories are written against the part of `sqlite3.Connection` they use:
+`execute`/`executemany` with `?` or `:name` parameters, rows read by position or by column name,
+`in_transaction`, and explicit `BEGIN IMMEDIATE` / `SAVEPOINT` / `COMMIT` / `ROLLBACK` issued by
+`db.write` and `db.savepoint`. `PostgresConnection` offers exactly that part over psycopg, so that
+every repository runs unchanged on both backends and each SQL text still lives in one place.
+
+Each statement text is translated once (cached) from the store's dialect to PostgreSQL's:
+
+- placeholders: `?` becomes `%s`, `:name` becomes `%(name)s`, a literal `%` becomes `%%`;
+- `BEGIN IMMEDIATE` becomes `BEGIN`: a plain READ COMMITTED transaction. Writers need not
+  serialize as SQLite's do: the guarded transition's `UPDATE ... WHERE status IN (...)` is
+  re-evaluated by PostgreSQL on the newest version of a row it had to wait for, so a transition
+  from a status that changed meanwhile updates nothing and the caller's count check refuses it;
+  the claim locks what it takes with `FOR UPDATE SKIP LOCKED` (`claim.py`); and an insert that
+  meets an active task's idempotency key waits for that task's transaction, then does nothing;
+- `INDEXED BY <index>` (SQLite's planner hints) is dropped: PostgreSQL's planner needs none;
+- `INSERT OR IGNORE INTO ...` becomes `INSERT INTO ... ON CONFLICT DO NOTHING`;
+- `COLLATE NOCASE` names the case-insensitive collation the migrations create.
+
+Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
+hierarchies): an `IntegrityError` on a unique index means the same on both backends.
+
+psycopg is imported here only: a SQLite-only daemon and `fredica status` never pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+from typing import Any, Iterable, Sequence
+
+import psycopg
+import psycopg.pq
+
+from daemon.errors import DatabaseUnusable
+from daemon.store import backend
+
+_INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
+_INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
+_BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=1024)
+def translate(sql: str) -> str:
+    """The PostgreSQL text of a statement in the store's dialect (see the module docstring)."""
+    if _BEGIN_IMMEDIATE.match(sql):
+        return "BEGIN"
+    sql = _INDEXED_BY.sub("", sql)
+    if _INSERT_OR_IGNORE.match(sql):
+        sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
+    return _placeholders(sql)
+
+
+def _placeholders(sql: str) -> str:
+    """`?` → `%s`, `:name` → `%(name)s` outside quotes; every literal `%` doubled (psycopg reads
+    `%` everywhere, inside string literals too); `::` casts left alone."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    quote: str | None = None
+    while i < n:
+        c = sql[i]
+        if c == "%":
+            out.append("%%")
+        elif quote is not None:
+            out.append(c)
+            if c == quote:
+                quote = None
+        elif c in ("'", '"'):
+            quote = c
+            out.append(c)
+        elif c == "?":
+            out.append("%s")
+        elif c == ":" and i + 1 < n and sql[i + 1] == ":":
+            out.append("::")
+            i += 1
+        elif c == ":" and i + 1 < n and (sql[i + 1].isalpha() or sql[i + 1] == "_"):
+            j = i + 1
+            while j < n and (sql[j].isalnum() or sql[j] == "_"):
+                j += 1
+            out.append(f"%({sql[i + 1 : j]})s")
+            i = j
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class Row(tuple):
+    """A row read by position or by column name, as `sqlite3.Row` is."""
+
+    _index: dict[str, int]
+
+    def __new__(cls, values: Sequence[Any], index: dict[str, int]) -> "Row":
+        row = super().__new__(cls, values)
+        row._index = index
+        return row
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._index[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
+    description = cursor.description or ()
+    index = {column.name: position for position, column in enumerate(description)}
+    return lambda values: Row(values, index)
+
+
+def _as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
+    """The store's exception class for a psycopg one, keeping its message (and SQLSTATE)."""
+    kind: type[sqlite3.Error]
+    if isinstance(exc, psycopg.IntegrityError):
+        kind = sqlite3.IntegrityError
+    elif isinstance(exc, psycopg.OperationalError):
+        kind = sqlite3.OperationalError
+    elif isinstance(exc, psycopg.ProgrammingError):
+        kind = sqlite3.ProgrammingError
+    else:
+        kind = sqlite3.DatabaseError
+    error = kind(f"{exc} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else str(exc))
+    error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
+    return error
+
+
+class PostgresConnection:
+    """The part of `sqlite3.Connection` the store uses, over one psycopg connection.
+
+    Autocommit at the driver level: transactions are opened and ended by the store's own
+    `BEGIN`/`COMMIT` (`db.write`), exactly as on SQLite, so that `in_transaction` and nesting mean
+    the same on both backends.
+    """
+
+    backend = backend.POSTGRESQL
+
+    def __init__(self, raw: psycopg.Connection[Any], url: str) -> None:
+        self.raw = raw
+        self.url = url
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
+        try:
+            return self.raw.execute(translate(sql), params or None)
+        except psycopg.Error as exc:
+            raise _as_sqlite_error(exc) from exc
+
+    def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        try:
+            cursor.executemany(translate(sql), list(seq_of_params))
+        except psycopg.Error as exc:
+            raise _as_sqlite_error(exc) from exc
+        return cursor
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> "PostgresConnection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(url: str) -> PostgresConnection:
+    """A connection to the database at `url`, schema untouched. DatabaseUnusable when it cannot
+    be reached."""
+    try:
+        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
+    except psycopg.Error as exc:
+        raise DatabaseUnusable(f"cannot connect to the database {_shown(url)}: {_first_line(exc)}") from None
+    return PostgresConnection(raw, url)
+
+
+def open_database(url: str) -> PostgresConnection:
+    """Connect to the database at `url` and bring its schema up to date (SPEC §13, §16)."""
+    from daemon.store.postgres import migrations
+
+    conn = connect(url)
+    try:
+        migrations.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _shown(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
