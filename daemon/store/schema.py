@@ -11,7 +11,7 @@ Each migration that changes the schema changes this file in the same commit, and
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SQLITE: tuple[str, ...] = (
     """
@@ -106,6 +106,8 @@ SQLITE: tuple[str, ...] = (
     "CREATE INDEX workflow_run_by_status ON workflow_run(status)",
     "CREATE INDEX restart_task_log_by_disposition ON restart_task_log(disposition)",
     "CREATE INDEX restart_task_log_by_task ON restart_task_log(task_id, id)",
+    "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
+    "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
 )
 
 POSTGRESQL: tuple[str, ...] = (
@@ -203,4 +205,6 @@ POSTGRESQL: tuple[str, ...] = (
     "CREATE INDEX workflow_run_by_status ON workflow_run(status)",
     "CREATE INDEX restart_task_log_by_disposition ON restart_task_log(disposition)",
     "CREATE INDEX restart_task_log_by_task ON restart_task_log(task_id, id)",
+    "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
+    "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
 )

@@ -169,8 +169,18 @@ QUEUES = Migration(
     ),
 )
 
+# As SQLite's 8: what `fredica clean` and `keep_finished` look up.
+CLEANING = Migration(
+    8,
+    "cleaning: dependency edges by dependent, runs by finish time",
+    (
+        "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
+        "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
-    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES,
+    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
 )
 LATEST = MIGRATIONS[-1].version
 
