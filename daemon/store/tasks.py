@@ -33,6 +33,7 @@ TRANSITION_FIELDS = frozenset(
         "executor_pid",
         "executor_started_at",
         "is_pausable",
+        "is_held",
     }
 )
 
@@ -62,18 +63,8 @@ def list_tasks(
 ) -> list[Task]:
     """Tasks in submission order, filtered by status(es), run and type (any case).
 
-    A status is a stored one or a word people see (`waiting`, `paused`: see `_status_clause`)."""
-    clauses, params = [], []
-    if status is not None:
-        clause, values = _status_clause([status] if isinstance(status, str) else list(status))
-        clauses.append(clause)
-        params.extend(values)
-    if run_id is not None:
-        clauses.append("workflow_run_id = ?")
-        params.append(run_id)
-    if task_type is not None:
-        clauses.append("type = ? COLLATE NOCASE")
-        params.append(task_type)
+    A status is a stored one or a word people see (`waiting`, `held`, `paused`: `status_clause`)."""
+    clauses, params = filters(status=status, run_id=run_id, task_type=task_type)
     sql = "SELECT * FROM task"
     if clauses:
         sql += " WHERE " + " AND ".join(clauses)
@@ -84,15 +75,42 @@ def list_tasks(
     return [Task.from_row(row) for row in conn.execute(sql, params)]
 
 
-def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The WHERE clause for status words: `waiting` is pending or claimed, `paused` a running task
-    that is paused; `running` is the stored status, so it takes paused tasks in too."""
+def filters(
+    *, status: str | Iterable[str] | None = None, run_id: str | None = None, task_type: str | None = None
+) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (to join with AND) and their parameters for a task filter: status
+    words (`status_clause`), a run's full id, a type in any case."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        clause, values = status_clause([status] if isinstance(status, str) else list(status))
+        clauses.append(clause)
+        params.extend(values)
+    if run_id is not None:
+        clauses.append("workflow_run_id = ?")
+        params.append(run_id)
+    if task_type is not None:
+        clauses.append("type = ? COLLATE NOCASE")
+        params.append(task_type)
+    return clauses, params
+
+
+def status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The WHERE clause for status words, as people see them (SPEC §14): `waiting` is a claimed
+    task or a pending one not held, `held` a pending task that is held, `paused` a running task
+    that is paused. The stored statuses take all theirs: `running` takes paused tasks in, and
+    `pending` held ones."""
     stored = {str(word) for word in words if word in set(TaskStatus)}
-    if models.DisplayStatus.WAITING in words:
-        stored |= {str(status) for status in models.WAITING_STATUSES}
+    waiting, held = models.DisplayStatus.WAITING in words, models.DisplayStatus.HELD in words
+    if waiting:
+        stored.add(TaskStatus.CLAIMED.value)
+    if waiting and held:
+        stored.add(TaskStatus.PENDING.value)  # both halves of pending: the plain stored status
     parts = [f"status IN ({', '.join('?' * len(stored))})"] if stored else []
+    if TaskStatus.PENDING not in stored and (waiting or held):
+        parts.append(f"(status = {statuses.PENDING} AND is_held = {int(held)})")
     if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
-        parts.append("(status = 'running' AND is_paused = 1)")
+        parts.append(f"(status = {statuses.RUNNING} AND is_paused = 1)")
     if not parts:
         return "0", []  # no word that names a state: nothing matches
     return "(" + " OR ".join(parts) + ")", sorted(stored)
@@ -152,6 +170,8 @@ def _transition(
         assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
     else:  # terminal
         assignments.update(completed_at=now, is_paused=0)
+    if target is not TaskStatus.PENDING:
+        assignments["is_held"] = 0  # only a pending task is held
         if target is TaskStatus.COMPLETED:
             assignments["progress"] = 100
     if "result" in assignments and assignments["result"] is not None:
@@ -342,7 +362,7 @@ def claim_ready(
         rows = conn.execute(
             f"""
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
-            WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0
+            WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0 AND is_held = 0
             ORDER BY priority DESC, seq LIMIT ?
             """,
             (queue, limit),
@@ -429,9 +449,14 @@ def retry(
         )
 
 
-def requeue(conn: sqlite3.Connection, task_id: str, *, now: float, known: Task | None = None) -> Task:
-    """claimed or running → pending without counting a retry (recovery, graceful shutdown)."""
-    return transition(conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None)
+def requeue(
+    conn: sqlite3.Connection, task_id: str, *, now: float, known: Task | None = None, hold: bool = False
+) -> Task:
+    """claimed or running → pending without counting a retry (recovery, graceful shutdown);
+    `hold`: and held, for a user to release (a task the user had paused, SPEC §14)."""
+    return transition(
+        conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None, is_held=int(hold)
+    )
 
 
 def cancel(
@@ -596,8 +621,12 @@ def active_downstream(conn: sqlite3.Connection, task_id: str) -> int:
 
 
 def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
-    """How many tasks are in each status (every status present, zero included)."""
+    """How many tasks are in each status (every status present, zero included), and how many
+    of the pending ones are `held` (SPEC §14: they show as held)."""
     counts = {status.value: 0 for status in TaskStatus}
     for status, count in conn.execute("SELECT status, count(*) FROM task GROUP BY status"):
         counts[status] = count
+    counts[models.DisplayStatus.HELD.value] = conn.execute(
+        f"SELECT count(*) FROM task WHERE status = {statuses.PENDING} AND is_held = 1"
+    ).fetchone()[0]
     return counts
