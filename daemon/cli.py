@@ -154,6 +154,7 @@ def run_daemon() -> None:
     help="Seconds before it is stopped.",
 )
 @click.option("--queue", metavar="NAME", help="The queue that runs it (default: the one its type is routed to).")
+@click.option("--hold", is_flag=True, help="Submit it held: it waits until `fredica release` (a batch: all).")
 @click.option(
     "--batch",
     type=click.File("r", encoding="utf-8"),
@@ -165,17 +166,20 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
 
     A batch is a JSON-lines file, one task object per line with `type` and the optional fields
     (payload, priority, depends_on, max_retries, idempotency_key, material_id, timeout, queue,
-    key, id);
+    key, id, hold);
     depends_on may name the id or key of an earlier line. The batch is one run, stored atomically.
     """
     if (task_type is None) == (batch is None):
         raise click.UsageError("give a task TYPE or --batch FILE (one of them)")
     if batch is not None:
-        given = [flag for name, flag in specs_input.SPEC_FLAGS.items() if options[name] not in (None, ())]
+        given = [flag for name, flag in specs_input.SPEC_FLAGS.items()
+                 if name != "hold" and options[name] not in (None, ())]
         if given:
             flags = ", ".join(given)
             raise click.UsageError(f"{flags} cannot be combined with --batch (put the fields in the file)")
         specs, numbers = specs_input.read_numbered_batch(batch)
+        if options["hold"]:
+            specs = [dict(spec, hold=True) for spec in specs]
         try:
             reply = call("submit", tasks=specs)
         except FredicaError as exc:
@@ -249,7 +253,7 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
     "--status",
     type=click.Choice(models.TASK_FILTER_WORDS),
     multiple=True,
-    help="Only tasks in this status, stored or as shown: waiting, paused (repeatable).",
+    help="Only tasks in this status, stored or as shown: waiting, held, paused (repeatable).",
 )
 @click.option("--run", "run_id", metavar="ID", help="Only the tasks of this workflow run.")
 @click.option("--type", "task_type", metavar="T", help="Only tasks of this type (any case).")
@@ -309,27 +313,6 @@ def show(target_id: str, as_json: bool) -> None:
         click.echo("")
         tasks = obj.get("tasks") or []
         echo_lines(render.task_table(tasks, time.time()) if tasks else ["no tasks"])
-
-
-@command(main)
-@click.argument("target_id", metavar="ID")
-def cancel(target_id: str) -> None:
-    """Cancel a task, or every unfinished task of a workflow run."""
-    click.echo(render.cancel_summary(call("cancel", id=target_id)))
-
-
-@command(main)
-@click.argument("task_id", metavar="ID")
-def pause(task_id: str) -> None:
-    """Pause a running, pausable task."""
-    click.echo(f"paused {call('pause', id=task_id)['id']}")
-
-
-@command(main)
-@click.argument("task_id", metavar="ID")
-def resume(task_id: str) -> None:
-    """Resume a paused task."""
-    click.echo(f"resumed {call('resume', id=task_id)['id']}")
 
 
 @command(main)
@@ -472,7 +455,7 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
 def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """The restart log: tasks a daemon restart interrupted.
 
-    Lists the entries awaiting review (all of them with --all); `dismiss` and `recreate` act on one.
+    Lists the entries awaiting review (all of them with --all); `dismiss` and `recreate` act on them.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -483,22 +466,6 @@ def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         echo_lines(render.restart_table(entries, time.time()))
     else:
         click.echo("no interrupted tasks to review" if not show_all else "the restart log is empty")
-
-
-@command(restarts, "dismiss")
-@click.argument("entry_id", metavar="ID", type=int)
-def restarts_dismiss(entry_id: int) -> None:
-    """Mark an entry as reviewed, without running it again."""
-    call("restarts_dismiss", id=entry_id)
-    click.echo(f"dismissed {entry_id}")
-
-
-@command(restarts, "recreate")
-@click.argument("entry_id", metavar="ID", type=int)
-def restarts_recreate(entry_id: int) -> None:
-    """Run an interrupted task again; print the new run id."""
-    reply = call("restarts_recreate", id=entry_id)
-    click.echo(reply["run_id"])
 
 
 @command(main)
@@ -618,3 +585,8 @@ def queue_workers(name: str, workers: int) -> None:
     call("queue_workers", name=name, workers=workers)
     click.echo(f"queue {name} now has {workers} worker{'s' * (workers != 1)} "
                "(until the daemon stops: the config sets it at the next start)")
+
+
+# The acting commands (cancel, pause, resume, hold, release, priority, restarts dismiss|recreate)
+# are registered on `main` and `restarts` by their own module, which uses this one's helpers.
+from daemon import acting_commands  # noqa: E402,F401

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from daemon import faults, handoff, models, protocol, recovery
+from daemon import acting, faults, handoff, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.store import db, restarts, runs, tasks
@@ -30,8 +30,9 @@ from daemon.supervisor import Supervisor
 WAIT_SLICE = 10.0
 
 
-class Handlers:
-    """One method per request type; each returns the reply's data or raises a FredicaError."""
+class Handlers(acting.ActingHandlers):
+    """One method per request type; each returns the reply's data or raises a FredicaError (the
+    acting operations, over many targets each, are in `daemon.acting`)."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
@@ -233,33 +234,9 @@ class Handlers:
             "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
         }
 
-    def op_cancel(self, id: str) -> protocol.CancelReply:
-        report = self.sup.cancel(id)
-        return {"cancelled": list(report.cancelled), "stopping": list(report.stopping), "dependents": report.dependents}
-
-    def op_pause(self, id: str) -> dict[str, Any]:
-        return self.sup.pause(id).to_dict()
-
-    def op_resume(self, id: str) -> dict[str, Any]:
-        return self.sup.resume(id).to_dict()
-
-    def op_restarts_dismiss(self, id: int) -> dict[str, Any]:
-        sup = self.sup
-        return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
-
-    def op_restarts_recreate(self, id: int) -> dict[str, Any]:
-        sup = self.sup
-        submission = sup.call(lambda: recovery.recreate(sup.conn, id, now=sup.clock(), routes=sup.queues.routes,
-                                                        queue_names=sup.queues.names))
-        sup.wake()
-        return {"run_id": submission.run_id, "tasks": [t.id for t in submission.tasks]}
-
 
 def _check_task_statuses(status: str | list[str] | None) -> None:
     for name in [status] if isinstance(status, str) else status or ():
-        if name == models.HELD:
-            # SPEC §14 names it, but no task can be held yet: saying so beats matching nothing.
-            raise FredicaError("status held is not supported yet: tasks cannot be held in this version")
         if name not in models.TASK_FILTER_WORDS:
             raise protocol.ProtocolError(f"unknown status {protocol.shown(name)}")
 

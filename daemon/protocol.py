@@ -35,7 +35,7 @@ NOT_TEXT = "undecodable bytes, or a lone surrogate like \\ud800"  # what a strin
 # The fields a task object of a `submit` request may have (`daemon.submission` checks them).
 TASK_FIELDS = frozenset(
     {"id", "key", "type", "payload", "priority", "depends_on", "max_retries", "idempotency_key", "material_id",
-     "timeout", "queue"}
+     "timeout", "queue", "hold"}
 )
 
 
@@ -96,6 +96,11 @@ def _operation(op: str, /, writes: bool = False, **arguments: Argument) -> tuple
 
 
 _ID = Argument("str", required=True)
+# What every acting operation takes (`daemon.bulk`): ids, or selectors that all must match.
+_BULK = {"ids": Argument("list[str]"), "run": Argument("str | None"), "status": Argument("str | list[str] | None"),
+         "type": Argument("str | None")}
+# The restart log's: entry ids (as text, a number each), or every entry awaiting review, or a run's.
+_ENTRIES = {"ids": Argument("list[str]"), "all": Argument("bool"), "run": Argument("str | None")}
 
 # Every request type the daemon answers, with what it takes: the one table both sides check
 # requests against (the client before sending, the daemon before a handler runs).
@@ -110,13 +115,17 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("runs", status=Argument("str | None"), limit=Argument("int | None")),
     _operation("show", id=_ID),
     _operation("wait", ids=Argument("list[str]", required=True), timeout=Argument("float | None")),
-    _operation("cancel", writes=True, id=_ID),
-    _operation("pause", writes=True, id=_ID),
-    _operation("resume", writes=True, id=_ID),
+    # The acting operations (SPEC §14 Bulk): ids, or the selectors, as `daemon.bulk` takes them.
+    _operation("cancel", writes=True, **_BULK),
+    _operation("pause", writes=True, **_BULK),
+    _operation("resume", writes=True, **_BULK),
+    _operation("hold", writes=True, **_BULK),
+    _operation("release", writes=True, **_BULK),
+    _operation("priority", writes=True, priority=Argument("int", required=True), **_BULK),
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
-    _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
-    _operation("restarts_recreate", writes=True, id=Argument("int", required=True)),
+    _operation("restarts_dismiss", writes=True, **_ENTRIES),
+    _operation("restarts_recreate", writes=True, **_ENTRIES),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -138,10 +147,18 @@ class SubmitReply(TypedDict):
     tasks: list[SubmittedTask]
 
 
-class CancelReply(TypedDict):
-    cancelled: list[str]
-    stopping: list[str]
-    dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
+class BulkResult(TypedDict, total=False):
+    """One target's line of an acting operation's reply; each operation may add its own keys
+    (cancel: `cancelled`, `stopping`, `dependents`; recreate: `run_id`, `tasks`)."""
+
+    id: str  # the full id, or the text given when it names nothing
+    ok: bool
+    message: str  # one line
+    kind: str  # a refusal's error class in `daemon.errors`
+
+
+class BulkReply(TypedDict):
+    results: list[BulkResult]
 
 
 class ShowReply(TypedDict):

@@ -1,0 +1,157 @@
+"""The acting operations of the control protocol, each over many targets (SPEC §14 Bulk).
+
+`cancel`, `pause`, `resume`, `hold`, `release`, `priority`, `restarts_dismiss` and
+`restarts_recreate`: what each does to one target and the line it reports, on top of `daemon.bulk`
+(which resolves the targets and hands them to the loop a chunk at a time). `operations.Handlers`
+takes these methods in.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Callable
+
+from daemon import bulk, recovery
+from daemon.bulk import BulkReply, Result, Selection, Target
+from daemon.errors import FredicaError, ProtocolError
+from daemon.store import restarts, waiting
+from daemon.store.selection import Scope
+from daemon.submission import MAX_PRIORITY
+from daemon.supervisor import CancelReport, Supervisor
+
+# What each operation's selectors reach (`bulk.Reach`).
+CANCEL = bulk.Reach("cancelled", Scope.UNFINISHED, "unfinished", kinds=("task", "run"), newest_first=True)
+PAUSE = bulk.Reach("paused", Scope.UNPAUSED, "running unpaused")
+RESUME = bulk.Reach("resumed", Scope.PAUSED, "paused")
+HOLD = bulk.Reach("held", Scope.NOT_HELD, "pending unheld")
+RELEASE = bulk.Reach("released", Scope.HELD, "held")
+PRIORITY = bulk.Reach("changed", Scope.PENDING, "pending")
+
+
+def cancel_message(report: CancelReport) -> str:
+    """One line for what cancelling one task or run did: cancelled now, and still stopping."""
+    cancelled, stopping, dependents = report.cancelled, report.stopping, report.dependents
+    if not cancelled and not stopping:
+        return "nothing to cancel: no task was waiting or running"
+    tasks_that_depend = f"{dependents} task{'s' * (dependents != 1)} that depend{'s' * (dependents == 1)} on it"
+    if len(cancelled) + len(stopping) == 1 and not report.run:
+        if cancelled:
+            return f"cancelled {cancelled[0]}" + (f", and the {tasks_that_depend}" if dependents else "")
+        line = f"stopping {stopping[0]} (cancel sent to the running task)"
+        verb = "is" if dependents == 1 else "are"
+        return line + (f"; the {tasks_that_depend} {verb} cancelled once it stops" if dependents else "")
+    parts = []
+    if cancelled:
+        parts.append(f"cancelled {len(cancelled)} task{'s' * (len(cancelled) != 1)}")
+    if stopping:
+        parts.append(f"stopping {len(stopping)} running task{'s' * (len(stopping) != 1)}")
+    return (f"run {report.run}: " if report.run else "") + ", ".join(parts)
+
+
+class ActingHandlers:
+    """The `op_` methods of the acting operations (a part of `operations.Handlers`)."""
+
+    sup: Supervisor
+    _reader: Callable[[], sqlite3.Connection]
+
+    def _act(self, chosen: Selection, reach: bulk.Reach, apply: Callable[[list[Target]], list[Result]]) -> BulkReply:
+        reply = bulk.act(reach.done, bulk.targets(self._reader(), chosen, reach), self.sup.call, apply)
+        self.sup.wake()  # a release or a priority may have made a task claimable
+        return reply
+
+    def op_cancel(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                  type: str | None = None) -> BulkReply:
+        """Cancel each task, or every unfinished task of each run (SPEC §7)."""
+        def cancel_one(target: Target) -> tuple[str, dict[str, Any]]:
+            assert target.id is not None
+            report = self.sup.cancel(target.id)
+            extra = {"cancelled": list(report.cancelled), "stopping": list(report.stopping),
+                     "dependents": report.dependents}
+            return cancel_message(report), extra
+
+        return self._act(Selection.of(ids, run, status, type), CANCEL,
+                         bulk.each(self.sup.conn, cancel_one, newest_first=True))
+
+    def op_pause(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                 type: str | None = None) -> BulkReply:
+        """Pause each running, pausable task."""
+        return self._pause_or_resume(Selection.of(ids, run, status, type), PAUSE)
+
+    def op_resume(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                  type: str | None = None) -> BulkReply:
+        """Resume each paused task."""
+        return self._pause_or_resume(Selection.of(ids, run, status, type), RESUME)
+
+    def _pause_or_resume(self, chosen: Selection, reach: bulk.Reach) -> BulkReply:
+        paused = reach is PAUSE
+
+        def one(target: Target) -> tuple[str, dict[str, Any]]:
+            assert target.id is not None
+            task = self.sup.pause(target.id) if paused else self.sup.resume(target.id)
+            return f"{'paused' if paused else 'resumed'} {task.id}", {"is_paused": task.is_paused}
+
+        return self._act(chosen, reach, bulk.each(self.sup.conn, one))
+
+    def op_hold(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                type: str | None = None) -> BulkReply:
+        """Hold each waiting task: never claimed until released (SPEC §14)."""
+        sup = self.sup
+        return self._act(Selection.of(ids, run, status, type), HOLD, lambda chunk: bulk.from_outcomes(
+            chunk, waiting.hold(sup.conn, _ids(chunk)), "held {id}"))
+
+    def op_release(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                   type: str | None = None) -> BulkReply:
+        """Release each held task: claimable again."""
+        sup = self.sup
+        return self._act(Selection.of(ids, run, status, type), RELEASE, lambda chunk: bulk.from_outcomes(
+            chunk, waiting.release(sup.conn, _ids(chunk)), "released {id}"))
+
+    def op_priority(self, priority: int, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                    type: str | None = None) -> BulkReply:
+        """Give each waiting task (held or not) `priority`: the next claim honours it."""
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ProtocolError(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, not {priority}")
+        sup = self.sup
+        return self._act(Selection.of(ids, run, status, type), PRIORITY, lambda chunk: bulk.from_outcomes(
+            chunk, waiting.set_priority(sup.conn, _ids(chunk), priority), f"priority {priority}: {{id}}"))
+
+    def op_restarts_dismiss(self, ids: list[str] | None = None, all: bool = False, run: str | None = None
+                            ) -> BulkReply:
+        """Mark each restart-log entry as reviewed, without running its task again."""
+        sup = self.sup
+
+        def dismiss_one(target: Target) -> tuple[str, dict[str, Any]]:
+            entry = restarts.resolve(sup.conn, _entry_id(target), "dismissed", now=sup.clock())
+            return f"dismissed {entry.id}", {"task_id": entry.task_id}
+
+        chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
+        return bulk.act("dismissed", chunks, sup.call, bulk.each(sup.conn, dismiss_one))
+
+    def op_restarts_recreate(self, ids: list[str] | None = None, all: bool = False, run: str | None = None
+                             ) -> BulkReply:
+        """Run each interrupted task again, with the tasks its failure cancelled, as a new run."""
+        sup = self.sup
+
+        def recreate_one(target: Target) -> tuple[str, dict[str, Any]]:
+            submission = recovery.recreate(sup.conn, _entry_id(target), now=sup.clock(), routes=sup.queues.routes,
+                                           queue_names=sup.queues.names)
+            new = [t.id for t in submission.tasks]
+            return (f"recreated {target.id} as run {submission.run_id} ({len(new)} task{'s' * (len(new) != 1)})",
+                    {"run_id": submission.run_id, "tasks": new})
+
+        chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
+        reply = bulk.act("recreated", chunks, sup.call, bulk.each(sup.conn, recreate_one))
+        sup.wake()
+        return reply
+
+
+def _ids(chunk: list[Target]) -> list[str]:
+    return [target.id for target in chunk if target.id is not None]
+
+
+def _entry_id(target: Target) -> int:
+    assert target.id is not None
+    entry_id = int(target.id)  # digits only (`bulk.entry_targets`)
+    if entry_id >= 2**63:  # more than SQLite's integers hold: no entry has it
+        raise FredicaError(f"no restart-log entry has id {target.id}")
+    return entry_id
