@@ -11,13 +11,17 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Callable
 
+import structlog
+
 from daemon import bulk, recovery
 from daemon.bulk import BulkReply, Result, Selection, Target
 from daemon.errors import FredicaError, ProtocolError
-from daemon.store import restarts, waiting
+from daemon.store import db, restarts, tasks, waiting
 from daemon.store.selection import Scope
 from daemon.submission import MAX_PRIORITY
 from daemon.supervisor import CancelReport, Supervisor
+
+log = structlog.get_logger("fredica.control")
 
 # What each operation's selectors reach (`bulk.Reach`).
 CANCEL = bulk.Reach("cancelled", Scope.UNFINISHED, "unfinished", kinds=("task", "run"), newest_first=True)
@@ -69,8 +73,22 @@ class ActingHandlers:
                      "dependents": report.dependents}
             return cancel_message(report), extra
 
-        return self._act(Selection.of(ids, run, status, type), CANCEL,
-                         bulk.each(self.sup.conn, cancel_one, newest_first=True))
+        one_by_one = bulk.each(self.sup.conn, cancel_one, newest_first=True)
+
+        def apply(chunk: list[Target]) -> list[Result]:
+            # The waiting tasks, which no attempt of ours runs, in one transition; the others
+            # (running tasks, runs, refusals) one by one, through the supervisor.
+            sup = self.sup
+            ours = set(sup.running) | {rt.task.id for rt in sup.unrecorded}
+            with db.savepoint(sup.conn):
+                done = tasks.cancel_waiting(sup.conn, [t.id for t in chunk if t.kind == "task" and t.id
+                                                       and t.id not in ours], now=sup.clock())
+            if done:
+                log.info("tasks_cancelled", by="user", count=len(done), task_ids=list(done))
+            rest = iter(one_by_one([t for t in chunk if t.id not in done]))
+            return [_cancelled(t.id, done[t.id]) if t.id in done else next(rest) for t in chunk]
+
+        return self._act(Selection.of(ids, run, status, type), CANCEL, apply)
 
     def op_pause(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
                  type: str | None = None) -> BulkReply:
@@ -143,6 +161,12 @@ class ActingHandlers:
         reply = bulk.act("recreated", chunks, sup.call, bulk.each(sup.conn, recreate_one))
         sup.wake()
         return reply
+
+
+def _cancelled(task_id: str, dependents: int) -> Result:
+    report = CancelReport((task_id,), (), dependents)
+    return {"id": task_id, "ok": True, "message": cancel_message(report), "cancelled": [task_id], "stopping": [],
+            "dependents": dependents}
 
 
 def _ids(chunk: list[Target]) -> list[str]:

@@ -74,6 +74,15 @@ class Operation:
     name: str
     arguments: Mapping[str, Argument]
     writes: bool = False
+    # An acting operation (`daemon.bulk`): by selectors it may reach 50,000 tasks, which its
+    # handler hands to the loop a chunk at a time, so that the loop goes on between chunks.
+    bulk: bool = False
+
+    def runs_on_loop(self, args: Mapping[str, Any]) -> bool:
+        """Whether the whole request may run on the loop thread, handed over as it is: a write,
+        unless it is a bulk one naming its targets by selectors (ids are bounded by the size of
+        a request the loop takes whole)."""
+        return self.writes and not (self.bulk and not args.get("ids"))
 
     def check(self, args: Mapping[str, Any]) -> None:
         """Refuse an unknown or missing argument, or one of the wrong JSON type, in one line."""
@@ -90,9 +99,9 @@ class Operation:
                 )
 
 
-def _operation(op: str, /, writes: bool = False, **arguments: Argument) -> tuple[str, Operation]:
+def _operation(op: str, /, writes: bool = False, bulk: bool = False, **arguments: Argument) -> tuple[str, Operation]:
     # `op` positional-only: an argument may be called `name` (a queue's).
-    return op, Operation(op, arguments, writes)
+    return op, Operation(op, arguments, writes or bulk, bulk)
 
 
 _ID = Argument("str", required=True)
@@ -116,16 +125,16 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("show", id=_ID),
     _operation("wait", ids=Argument("list[str]", required=True), timeout=Argument("float | None")),
     # The acting operations (SPEC §14 Bulk): ids, or the selectors, as `daemon.bulk` takes them.
-    _operation("cancel", writes=True, **_BULK),
-    _operation("pause", writes=True, **_BULK),
-    _operation("resume", writes=True, **_BULK),
-    _operation("hold", writes=True, **_BULK),
-    _operation("release", writes=True, **_BULK),
-    _operation("priority", writes=True, priority=Argument("int", required=True), **_BULK),
+    _operation("cancel", bulk=True, **_BULK),
+    _operation("pause", bulk=True, **_BULK),
+    _operation("resume", bulk=True, **_BULK),
+    _operation("hold", bulk=True, **_BULK),
+    _operation("release", bulk=True, **_BULK),
+    _operation("priority", bulk=True, priority=Argument("int", required=True), **_BULK),
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
-    _operation("restarts_dismiss", writes=True, **_ENTRIES),
-    _operation("restarts_recreate", writes=True, **_ENTRIES),
+    _operation("restarts_dismiss", bulk=True, **_ENTRIES),
+    _operation("restarts_recreate", bulk=True, **_ENTRIES),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),

@@ -104,8 +104,9 @@ def test_several_ids_each_on_its_own_line_and_exit_1_if_any_was_refused(daemons,
     downstream = d.submit("ECHO", depends_on=[upstream])
     result = fredica(d, "cancel", upstream, "nope", downstream, upstream[:8])  # the last: a repeat
     assert result.exit_code == 1
-    # In the order given; acted on the newest first, so the dependent is cancelled on its own.
-    assert result.stdout.splitlines() == [f"cancelled {upstream}", f"cancelled {downstream}"]
+    # In the order given, each counting what depended on it (both waiting: cancelled together).
+    assert result.stdout.splitlines() == [f"cancelled {upstream}, and the 1 task that depends on it",
+                                          f"cancelled {downstream}"]
     assert result.stderr == "error: no task or workflow run has id nope\n"
     # Through the client: every task acted on, the first refusal raised with all the results.
     with Client(d.config) as client:

@@ -145,3 +145,25 @@ def test_selection_reads_ids_a_chunk_at_a_time_in_scope(conn: sqlite3.Connection
         task_id for i, task_id in enumerate(ids) if i % 3]
     assert list(selection.task_ids(conn, scope=Scope.PAUSED)) == []
     assert selection.newest_first(conn, [ids[3], "nope", ids[7]]) == [ids[7], ids[3], "nope"]
+
+
+def test_cancel_waiting_cancels_the_waiting_ones_together_and_counts_their_dependents(conn: sqlite3.Connection) -> None:
+    up, down, alone, running = submit(conn, {"type": "A", "key": "a", "hold": True},
+                                      {"type": "B", "depends_on": ["a"]}, {"type": "C"}, {"type": "D"})
+    for task_id in claim_all(conn):  # `alone` and `running`; `down` waits for `up`
+        tasks.transition(conn, task_id, S.PENDING if task_id == alone else S.RUNNING, now=T0)
+    assert tasks.cancel_waiting(conn, [up, alone, running, "nope"], now=T0) == {up: 1, alone: 0}
+    assert [tasks.get(conn, t).status for t in (up, down, alone, running)] == [S.CANCELLED, S.CANCELLED,
+                                                                               S.CANCELLED, S.RUNNING]
+    assert tasks.get(conn, down).error_type == models.DEPENDENCY_FAILED
+    assert runs.get(conn, tasks.get(conn, up).workflow_run_id).counts.cancelled == 3
+
+
+def test_a_bulk_by_selectors_is_handed_to_the_loop_in_chunks_not_whole() -> None:
+    from daemon import protocol
+
+    for op in ("cancel", "pause", "resume", "hold", "release", "priority"):
+        assert protocol.OPERATIONS[op].runs_on_loop({"ids": ["abcd"]})  # a few ids: whole, at once
+        assert not protocol.OPERATIONS[op].runs_on_loop({"status": "held"})  # may reach 50,000
+    assert protocol.OPERATIONS["submit"].runs_on_loop({"tasks": []})
+    assert not protocol.OPERATIONS["ls"].runs_on_loop({})

@@ -501,6 +501,39 @@ def cancel_waiting_in_run(
     return RunCancellation(tuple(r["id"] for r in waiting), running)
 
 
+def cancel_waiting(
+    conn: sqlite3.Connection, task_ids: Sequence[str], *, now: float, reason: str = "cancelled by user"
+) -> dict[str, int]:
+    """Cancel those of `task_ids` that are pending or claimed, in one guarded transition (a bulk
+    cancel: SPEC §14), their pending dependents with them. For each one cancelled, how many tasks
+    not yet ended depended on it, counted before; the others (running, finished, unknown) are
+    left alone for the caller."""
+    found: list[sqlite3.Row] = []
+    for start in range(0, len(task_ids), 500):
+        part = list(task_ids[start : start + 500])
+        found += conn.execute(
+            # `+status`: by the ids' index, not every waiting task's entry in the status index.
+            f"SELECT seq, id, status, workflow_run_id FROM task WHERE id IN ({', '.join('?' * len(part))})"
+            f" AND +status IN ({statuses.WAITING})", part,
+        ).fetchall()
+    if not found:
+        return {}
+    with write(conn):
+        seqs = [row["seq"] for row in found]
+        with_dependents: set[int] = set()
+        for start in range(0, len(seqs), 500):
+            part = seqs[start : start + 500]
+            with_dependents.update(row[0] for row in conn.execute(
+                f"SELECT DISTINCT depends_on_seq FROM task_dependency WHERE depends_on_seq IN ({', '.join('?' * len(part))})",
+                part))
+        # Only a task that has dependents needs its own count (a recursive query each).
+        dependents = {row["id"]: active_downstream(conn, row["id"]) if row["seq"] in with_dependents else 0
+                      for row in found}
+        _transition(conn, found, TaskStatus.CANCELLED, now=now, snapshots=False,
+                    fields={"error": reason, "error_type": models.CANCELLED})
+    return dependents
+
+
 # --- updates of a running task that do not change its status ------------------------------------
 
 

@@ -58,7 +58,9 @@ def _guarded(
             changed = {
                 row[0]
                 for row in conn.execute(
-                    f"UPDATE task SET {assignment} WHERE id IN ({marks}) AND status = {statuses.PENDING}"
+                    # `+status`: by the ids' index. Left to itself, SQLite reads every pending task
+                    # through the status index, for each chunk: 60 ms a chunk at 50,000.
+                    f"UPDATE task SET {assignment} WHERE id IN ({marks}) AND +status = {statuses.PENDING}"
                     f" AND {condition} RETURNING id",
                     (*params, *chunk),
                 )
