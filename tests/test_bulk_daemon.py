@@ -3,7 +3,6 @@ user's pause that outlives a graceful restart as a hold."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any

@@ -1071,3 +1071,11 @@ def test_durations(seconds, text):
 
 def test_ages():
     assert [render.age(1000 - delta, 1000) for delta in (5, 300, 7200, 172800)] == ["5s", "5m", "2h", "2d"]
+
+
+def test_submit_hold_sends_the_task_held_and_for_a_batch_every_line(fake, fredica):
+    fake.handlers["submit"] = {"run_id": RUN, "tasks": [{"id": ID_A, "created": True}]}
+    assert fredica("submit", "ECHO", "--hold").stdout == f"{ID_A}\n"
+    assert fredica("submit", "--batch", "-", "--hold", input='{"type": "ECHO"}\n{"type": "ECHO"}\n').exit_code == 0
+    assert [args["tasks"] for _, args in fake.requests] == [
+        [{"type": "ECHO", "hold": True}], [{"type": "ECHO", "hold": True}, {"type": "ECHO", "hold": True}]]

@@ -77,3 +77,14 @@ def test_bad_requests_are_one_line_and_write_no_rows(tmp_path: Path) -> None:
         (tmp_path / f"fredica.db{suffix}").unlink(missing_ok=True)
     empty = CliRunner().invoke(cli.main, ["--config", str(config), "export"])
     assert empty.exit_code == 1 and "not a fredica database" in empty.stderr
+
+
+def test_a_held_task_says_so(tmp_path: Path) -> None:
+    conn = db.open_database(tmp_path / "fredica.db")
+    try:
+        tasks.submit(conn, [parse_spec({"type": "ECHO", "hold": True}), parse_spec({"type": "ECHO"})], now=T0)
+    finally:
+        conn.close()
+    result = CliRunner().invoke(cli.main, ["--config", str(config_for(tmp_path)), "export"])
+    assert [(r["status"], r["is_held"]) for r in map(json.loads, result.stdout.splitlines())] == [
+        ("pending", 1), ("pending", 0)]

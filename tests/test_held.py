@@ -167,3 +167,11 @@ def test_a_bulk_by_selectors_is_handed_to_the_loop_in_chunks_not_whole() -> None
         assert not protocol.OPERATIONS[op].runs_on_loop({"status": "held"})  # may reach 50,000
     assert protocol.OPERATIONS["submit"].runs_on_loop({"tasks": []})
     assert not protocol.OPERATIONS["ls"].runs_on_loop({})
+
+
+def test_hold_in_a_submission_must_be_true_or_false() -> None:
+    from daemon.errors import SubmissionRefused
+
+    assert parse_spec({"type": "A", "hold": True}).hold and not parse_spec({"type": "A"}).hold
+    with pytest.raises(SubmissionRefused, match='hold must be true or false, not "yes"'):
+        parse_spec({"type": "A", "hold": "yes"})
