@@ -24,12 +24,12 @@ from daemon.supervisor import CancelReport, Supervisor
 log = structlog.get_logger("fredica.control")
 
 # What each operation's selectors reach (`bulk.Reach`).
-CANCEL = bulk.Reach("cancelled", Scope.UNFINISHED, "unfinished", kinds=("task", "run"), newest_first=True)
-PAUSE = bulk.Reach("paused", Scope.UNPAUSED, "running unpaused")
-RESUME = bulk.Reach("resumed", Scope.PAUSED, "paused")
-HOLD = bulk.Reach("held", Scope.NOT_HELD, "pending unheld")
-RELEASE = bulk.Reach("released", Scope.HELD, "held")
-PRIORITY = bulk.Reach("changed", Scope.PENDING, "pending")
+CANCEL = bulk.Reach("cancel", "cancelled", Scope.UNFINISHED, "unfinished", kinds=("task", "run"), newest_first=True)
+PAUSE = bulk.Reach("pause", "paused", Scope.UNPAUSED, "running, unpaused")
+RESUME = bulk.Reach("resume", "resumed", Scope.PAUSED, "paused")
+HOLD = bulk.Reach("hold", "held", Scope.NOT_HELD, "waiting")
+RELEASE = bulk.Reach("release", "released", Scope.HELD, "held")
+PRIORITY = bulk.Reach("priority", "changed", Scope.PENDING, "waiting or held")
 
 
 def cancel_message(report: CancelReport) -> str:
@@ -59,7 +59,7 @@ class ActingHandlers:
     _reader: Callable[[], sqlite3.Connection]
 
     def _act(self, chosen: Selection, reach: bulk.Reach, apply: Callable[[list[Target]], list[Result]]) -> BulkReply:
-        reply = bulk.act(reach.done, bulk.targets(self._reader(), chosen, reach), self.sup.call, apply)
+        reply = bulk.act(reach.op, bulk.targets(self._reader(), chosen, reach), self.sup.call, apply)
         self.sup.wake()  # a release or a priority may have made a task claimable
         return reply
 
@@ -143,7 +143,7 @@ class ActingHandlers:
             return f"dismissed {entry.id}", {"task_id": entry.task_id}
 
         chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
-        return bulk.act("dismissed", chunks, sup.call, bulk.each(sup.conn, dismiss_one))
+        return bulk.act("restarts_dismiss", chunks, sup.call, bulk.each(sup.conn, dismiss_one))
 
     def op_restarts_recreate(self, ids: list[str] | None = None, all: bool = False, run: str | None = None
                              ) -> BulkReply:
@@ -158,7 +158,7 @@ class ActingHandlers:
                     {"run_id": submission.run_id, "tasks": new})
 
         chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
-        reply = bulk.act("recreated", chunks, sup.call, bulk.each(sup.conn, recreate_one))
+        reply = bulk.act("restarts_recreate", chunks, sup.call, bulk.each(sup.conn, recreate_one))
         sup.wake()
         return reply
 

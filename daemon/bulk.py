@@ -93,6 +93,7 @@ class Reach:
     refusal says them: "no held task matches ...: nothing was released"), and in which order it
     acts on them."""
 
+    op: str  # the operation, as the protocol names it
     done: str  # what was done to a task, for "nothing was cancelled"
     scope: selection_store.Scope
     noun: str

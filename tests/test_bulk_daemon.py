@@ -150,7 +150,7 @@ def test_a_bulk_of_thousands_is_a_few_hand_overs(daemons, tmp_path: Path) -> Non
     before = d.data("status")
     reply = d.data("priority", priority=3, status="held")
     assert [r["id"] for r in reply["results"]] == ids and all(r["ok"] for r in reply["results"])
-    calls = [e for e in d.log_events() if e.get("event") == "bulk_acted" and e.get("op") == "changed"]
+    calls = [e for e in d.log_events() if e.get("event") == "bulk_acted" and e.get("op") == "priority"]
     assert calls and calls[-1]["targets"] == 2500 and calls[-1]["hand_overs"] == 3  # chunks of 1000
     assert before["counts"]["held"] == 2500
     cancelled = d.data("cancel", status="held")["results"]
