@@ -9,13 +9,13 @@ takes these methods in.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import structlog
 
-from daemon import bulk, recovery
+from daemon import bulk, retry
 from daemon.bulk import BulkReply, Result, Selection, Target
-from daemon.errors import FredicaError, ProtocolError
+from daemon.errors import ProtocolError
 from daemon.store import db, restarts, tasks, waiting
 from daemon.store.selection import Scope
 from daemon.submission import MAX_PRIORITY
@@ -30,6 +30,7 @@ RESUME = bulk.Reach("resume", "resumed", Scope.PAUSED, "paused")
 HOLD = bulk.Reach("hold", "held", Scope.NOT_HELD, "waiting")
 RELEASE = bulk.Reach("release", "released", Scope.HELD, "held")
 PRIORITY = bulk.Reach("priority", "changed", Scope.PENDING, "waiting or held")
+RETRY = bulk.Reach("retry", "retried", Scope.ENDED_UNDONE, "failed or cancelled")
 
 
 def cancel_message(report: CancelReport) -> str:
@@ -147,18 +148,30 @@ class ActingHandlers:
 
     def op_restarts_recreate(self, ids: list[str] | None = None, all: bool = False, run: str | None = None
                              ) -> BulkReply:
-        """Run each interrupted task again, with the tasks its failure cancelled, as a new run."""
-        sup = self.sup
-
-        def recreate_one(target: Target) -> tuple[str, dict[str, Any]]:
-            submission = recovery.recreate(sup.conn, _entry_id(target), now=sup.clock(), routes=sup.queues.routes,
-                                           queue_names=sup.queues.names)
-            new = [t.id for t in submission.tasks]
-            return (f"recreated {target.id} as run {submission.run_id} ({len(new)} task{'s' * (len(new) != 1)})",
-                    {"run_id": submission.run_id, "tasks": new})
-
+        """Run the tasks of restart-log entries again (`daemon.retry`): those from one original
+        run make one new run, so all the entries named go to the loop together."""
         chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
-        reply = bulk.act("restarts_recreate", chunks, sup.call, bulk.each(sup.conn, recreate_one))
+        return self._rerun("restarts_recreate", chunks, retry.recreate_entries)
+
+    def op_retry(self, ids: list[str] | None = None, run: str | None = None, status: Any = None,
+                 type: str | None = None) -> BulkReply:
+        """Run failed or cancelled tasks again as new tasks, with the tasks their failure
+        cancelled (`daemon.retry`): tasks of one run make one new run, so all go together."""
+        return self._rerun("retry", bulk.targets(self._reader(), Selection.of(ids, run, status, type), RETRY),
+                           retry.retry_tasks)
+
+    def _rerun(self, op: str, chunks: Iterable[list[Target]],
+               how: Callable[..., list[retry.Result]]) -> BulkReply:
+        # One chunk of them all (ids only): copies of one run's tasks must be one new run.
+        sup = self.sup
+        everything = [target for chunk in chunks for target in chunk]
+
+        def apply(named: list[Target]) -> list[Result]:
+            done = how(sup.conn, [t.id for t in named if t.id is not None], now=sup.clock(),
+                       routes=sup.queues.routes, queue_names=sup.queues.names)
+            return [result.to_dict() for result in done]
+
+        reply = bulk.act(op, [everything], sup.call, apply)
         sup.wake()
         return reply
 
@@ -175,7 +188,4 @@ def _ids(chunk: list[Target]) -> list[str]:
 
 def _entry_id(target: Target) -> int:
     assert target.id is not None
-    entry_id = int(target.id)  # digits only (`bulk.entry_targets`)
-    if entry_id >= 2**63:  # more than SQLite's integers hold: no entry has it
-        raise FredicaError(f"no restart-log entry has id {target.id}")
-    return entry_id
+    return int(target.id)  # a number SQLite can hold (`bulk.entry_targets`)

@@ -13,21 +13,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from daemon import cli, models, render
-
-
-def echo_results(results: Sequence[dict[str, Any]]) -> None:
-    """Each result on its own line (stdout when done, stderr when refused); exit 1 if any was."""
-    refused = False
-    for result in results:
-        message = render.one_line(str(result.get("message") or ""))
-        if result.get("ok"):
-            click.echo(message)
-        else:
-            refused = True
-            click.echo(f"error: {message}", err=True)
-    if refused:
-        raise SystemExit(cli.EXIT_REFUSED)
+from daemon import cli, models
 
 
 def selector_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -43,8 +29,8 @@ def selector_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def act(op: str, ids: Sequence[str], run_id: str | None, statuses: Sequence[str], task_type: str | None,
-        **args: Any) -> None:
-    """Ask the daemon to do `op` to what the ids or selectors name, and print its results."""
+        **args: Any) -> list[dict[str, Any]]:
+    """Ask the daemon to do `op` to what the ids or selectors name; its results."""
     selectors = {key: value for key, value in (("run", run_id), ("type", task_type)) if value is not None}
     if statuses:
         selectors["status"] = list(statuses)
@@ -53,14 +39,14 @@ def act(op: str, ids: Sequence[str], run_id: str | None, statuses: Sequence[str]
     if not ids and not selectors:
         raise click.UsageError("give at least one ID, or --run, --status or --type")
     named = {"ids": list(ids)} if ids else selectors
-    echo_results(cli.call(op, **named, **args)["results"])
+    return cli.call(op, **named, **args)["results"]
 
 
 def _acting_command(op: str, summary: str, help_text: str) -> None:
     """Define `fredica <op> [ID]... [selectors]` for a bulk operation that takes nothing else."""
 
     def command(ids: tuple[str, ...], run_id: str | None, statuses: tuple[str, ...], task_type: str | None) -> None:
-        act(op, ids, run_id, statuses, task_type)
+        cli.echo_results({"results": act(op, ids, run_id, statuses, task_type)})
 
     command.__doc__ = f"{summary}\n\n{help_text}"
     command.__name__ = op
@@ -87,7 +73,34 @@ _acting_command("release", "Release held tasks: they may start again.", _EVERY)
 @selector_options
 def priority(priority: int, ids: tuple[str, ...], run_id: str | None, statuses: tuple[str, ...],
              task_type: str | None) -> None:
-    act("priority", ids, run_id, statuses, task_type, priority=priority)
+    cli.echo_results({"results": act("priority", ids, run_id, statuses, task_type, priority=priority)})
+
+
+@cli.command(cli.main, "retry")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@selector_options
+@cli.json_option
+def retry(ids: tuple[str, ...], run_id: str | None, statuses: tuple[str, ...], task_type: str | None,
+          as_json: bool) -> None:
+    """Run failed or cancelled tasks again, with the tasks their failure cancelled.
+
+    Each task runs again as a new task (same type, payload, priority, retries, timeout,
+    material, idempotency key, queue) in a new run, with a copy of each task that was cancelled
+    because it failed (DEPENDENCY_FAILED, transitively), wired as before. Tasks of one run given
+    together make one new run, no task copied twice. A dependency on a task that completed stays
+    on that task, already done; a task that depends on one that failed is refused (retry that
+    one: it brings this one along). Selectors reach the failed and cancelled tasks.
+
+    One line per task: the new task, how many cancelled tasks came along, and the new run (exit 1
+    if any was refused: not failed or cancelled, unknown, ambiguous). --json: the results,
+    with full ids (new_id, run_id, copies)."""
+    results = act("retry", ids, run_id, statuses, task_type)
+    if as_json:
+        cli.echo_json(results)
+        if not all(result["ok"] for result in results):
+            raise SystemExit(cli.EXIT_REFUSED)
+        return
+    cli.echo_results({"results": results})
 
 
 def _entries_command(op: str, summary: str) -> None:
@@ -101,7 +114,7 @@ def _entries_command(op: str, summary: str) -> None:
         args: dict[str, Any] = {"ids": [str(entry_id) for entry_id in ids]} if ids else {"all": every}
         if run_id is not None:
             args["run"] = run_id
-        echo_results(cli.call(f"restarts_{op}", **args)["results"])
+        cli.echo_results(cli.call(f"restarts_{op}", **args))
 
     command.__doc__ = f"{summary}\n\nEach entry is reported on its own line; exit 1 if any was refused."
     command.__name__ = f"restarts_{op}"
@@ -116,4 +129,5 @@ def _entries_command(op: str, summary: str) -> None:
 
 
 _entries_command("dismiss", "Mark entries as reviewed, without running their tasks again.")
-_entries_command("recreate", "Run interrupted tasks again, each as a new run; print what it made.")
+_entries_command("recreate", "Run interrupted tasks again, with the tasks their failure cancelled.\n\n"
+                "Entries whose tasks came from one run make one new run, their dependencies kept.")

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import structlog
 
 from daemon import models, protocol
-from daemon.errors import FredicaError, NothingSelected
+from daemon.errors import FredicaError, NothingSelected, UnknownRestartEntry
 from daemon.store import db, restarts
 from daemon.store import ids as id_store
 from daemon.store import selection as selection_store
@@ -36,8 +36,8 @@ log = structlog.get_logger("fredica.control")
 CHUNK = 1000  # targets per hand-over to the loop: a bulk of 10,000 is ten
 
 
-Result = protocol.BulkResult
-BulkReply = protocol.BulkReply
+Result = protocol.Result
+BulkReply = protocol.ResultsReply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +144,7 @@ def entry_targets(conn: sqlite3.Connection, ids: Sequence[str], *, every: bool =
     if not ids and not every and run is None:
         raise protocol.ProtocolError("give at least one entry id, or a selector (all, run)")
     if ids:
-        named = [Target(given, given.strip(), "entry") if given.strip().isdigit() else
-                 Target(given, refusal=FredicaError(f"{given!r} is not a restart-log entry id (a number)"))
-                 for given in dict.fromkeys(ids)]
+        named = [_entry(given) for given in dict.fromkeys(ids)]
         for start in range(0, len(named), CHUNK):
             yield named[start : start + CHUNK]
         return
@@ -156,6 +154,15 @@ def entry_targets(conn: sqlite3.Connection, ids: Sequence[str], *, every: bool =
         raise NothingSelected("no restart-log entry awaits review" + ("" if run is None else f" in run {run_id}"))
     for start in range(0, len(found), CHUNK):
         yield [Target(entry_id, entry_id, "entry") for entry_id in found[start : start + CHUNK]]
+
+
+def _entry(given: str) -> Target:
+    text = given.strip()
+    if not text.isdigit():
+        return Target(given, refusal=FredicaError(f"restart-log entry ids are numbers, not {given!r}"))
+    if int(text) >= 2**63:  # more than SQLite's integers hold: no entry has it
+        return Target(given, refusal=UnknownRestartEntry(f"no restart-log entry has id {text}"))
+    return Target(given, str(int(text)), "entry")
 
 
 def act(

@@ -118,6 +118,20 @@ def echo_lines(lines: Sequence[str]) -> None:
         click.echo(line)
 
 
+def echo_results(reply: dict[str, Any]) -> None:
+    """An acting command's reply, a line per id: done on stdout, refused as `error:` on stderr;
+    exit 1 if any was refused."""
+    refused = False
+    for result in reply["results"]:
+        if result["ok"]:
+            click.echo(render.one_line(result["message"]))
+        else:
+            refused = True
+            click.echo(f"error: {render.one_line(result['message'])}", err=True)
+    if refused:
+        raise SystemExit(EXIT_REFUSED)
+
+
 @click.group(cls=FredicaGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @config_option(envvar="FREDICA_CONFIG")
 @click.version_option(package_name="fredica-worker", prog_name="fredica")

@@ -110,11 +110,19 @@ class Client:
         """The daemon's health, as `fredica status --json`."""
         return self.call("status")
 
-    def cancel(self, *ids: str, **selectors: Any) -> list[protocol.BulkResult]:
+    def cancel(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
         """Cancel each task, or every unfinished task of each run; or, by `selectors` (run,
         status, type), every task they all match. One result per task (`"ok"`, `"message"`; a
         task's `"dependents"` count); see `act` for refusals."""
         return self.act("cancel", *ids, **selectors)
+
+    def retry(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
+        """Run failed or cancelled tasks again as new tasks, with the tasks their failure cancelled
+        (`fredica retry`), named by ids or by `selectors` (run, status, type): a result per task,
+        in order (`ok`, `message`, and `new_id`, `run_id`, `copies` for a copy). A refused id is
+        a result with `ok` False, not an exception."""
+        reply: protocol.ResultsReply = self.call("retry", **({"ids": list(ids)} if ids else {}), **selectors)
+        return reply["results"]
 
     def pause(self, id: str) -> dict[str, Any]:
         """Pause a running, pausable task; the task as it is then (`act("pause", ...)` for many)."""
@@ -126,24 +134,24 @@ class Client:
         self.act("resume", id)
         return self.get(id)
 
-    def hold(self, *ids: str, **selectors: Any) -> list[protocol.BulkResult]:
+    def hold(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
         """Hold each waiting task (never claimed until released); see `act`."""
         return self.act("hold", *ids, **selectors)
 
-    def release(self, *ids: str, **selectors: Any) -> list[protocol.BulkResult]:
+    def release(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
         """Release each held task; see `act`."""
         return self.act("release", *ids, **selectors)
 
-    def priority(self, priority: int, *ids: str, **selectors: Any) -> list[protocol.BulkResult]:
+    def priority(self, priority: int, *ids: str, **selectors: Any) -> list[protocol.Result]:
         """Give each waiting task `priority`, which the next claim honours; see `act`."""
         return self.act("priority", *ids, priority=priority, **selectors)
 
-    def act(self, op: str, *ids: str, **args: Any) -> list[protocol.BulkResult]:
+    def act(self, op: str, *ids: str, **args: Any) -> list[protocol.Result]:
         """An acting operation (cancel, pause, resume, hold, release, priority) on `ids`, or on the
         tasks that the selectors `run`, `status` and `type` all match: one result per task, in
         order. Every task is acted on; if any was refused, the first refusal is raised then, as
         its `daemon.errors` class, with every result in its `results`."""
-        reply: protocol.BulkReply = self.call(op, **({"ids": list(ids)} if ids else {}), **args)
+        reply: protocol.ResultsReply = self.call(op, **({"ids": list(ids)} if ids else {}), **args)
         results = reply["results"]
         for result in results:
             if not result["ok"]:

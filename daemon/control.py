@@ -18,6 +18,13 @@ the I/O thread parses it and hands its handler straight to the supervisor's loop
 (`writes_to_loop`), and writes the reply when the loop's commit answers it. The loop alone writes
 the database, so a handler thread would only wait there; reads, which do not need the loop, and
 large requests (whose parsing must not hold the loop) still go to the handler threads.
+
+In the daemon the I/O thread is the supervisor's loop thread itself (`serve(driven=True)`): the
+loop waits on this server's selector beside its executors' pipes and calls `step` when it is
+ready, and writes the replies of the requests it has just committed at once (`flush`). A write
+request then costs no thread switch at all: read, run, committed and answered by one thread, which
+is what makes a submit take a fraction of a millisecond (a switch between two threads that share
+the interpreter costs more than the insert). Nothing here blocks: every socket is non-blocking.
 """
 
 from __future__ import annotations
@@ -143,6 +150,8 @@ class ControlServer:
         self._order = itertools.count()  # ties in the heap, never compared further
         self._accepting = False
         self._accept_again_at: float | None = None
+        self._driven = False  # `step` is called by the supervisor's loop, not by our own thread
+        self._driver: int | None = None  # the thread that drives it, once it has
 
     def bind(self) -> None:
         """Create the socket (listening, so clients queue while recovery runs); `serve` answers them."""
@@ -181,15 +190,38 @@ class ControlServer:
         self._hand_over = hand_over
         self.call_timeout = call_timeout
 
-    def serve(self) -> None:
-        """Start answering in a background thread."""
+    def serve(self, *, driven: bool = False) -> None:
+        """Start answering: in a background thread, or, `driven`, by whoever calls `step` when
+        `fileno()` is ready (the supervisor's loop) from the thread that calls it."""
         assert self._sock is not None
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._accept_from_now()
+        if driven:
+            self._driven = True
+            return
         self._thread = threading.Thread(target=self._run, name="fredica-control", daemon=True)
         self._thread.start()
+
+    def fileno(self) -> int:
+        """Readable when `step` has something to do (the selector's own descriptor)."""
+        return self._selector.fileno()
+
+    def next_step_in(self, now: float) -> float | None:
+        """Seconds until `step` must run even if nothing arrives (a deadline), None: no need."""
+        wake_at = [t for t in (self._next_deadline(), self._accept_again_at) if t is not None]
+        return max(0.0, min(wake_at) - now) if wake_at else None
+
+    def step(self) -> None:
+        """Do, without waiting, what the sockets are ready for (driven mode, the driving thread)."""
+        self._driver = threading.get_ident()
+        self._step(None, timeout=0.0)
+
+    def flush(self) -> None:
+        """Write the replies that are ready now, without waiting for the next `step` (driven mode:
+        the loop has just committed, and answered, the requests it ran)."""
+        self._take_replies()
 
     def close(self) -> None:
         """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest."""
@@ -197,6 +229,9 @@ class ControlServer:
         if self._thread is not None:
             self._wake()
             self._thread.join(CLOSE_GRACE + 5)
+        elif self._driven:  # its driver has stopped: the grace runs on the closing thread
+            self._driver = threading.get_ident()
+            self._run()
         else:  # never served: nothing to wait for
             self._close_sockets()
         try:
@@ -237,9 +272,10 @@ class ControlServer:
             if sock is not None:
                 sock.close()
 
-    def _step(self, grace_ends: float | None) -> None:
-        wake_at = [t for t in (self._next_deadline(), self._accept_again_at, grace_ends) if t is not None]
-        timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+    def _step(self, grace_ends: float | None, timeout: float | None = None) -> None:
+        if timeout is None:
+            wake_at = [t for t in (self._next_deadline(), self._accept_again_at, grace_ends) if t is not None]
+            timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
         for key, events in self._selector.select(timeout):
             conn = key.data
             try:
@@ -391,9 +427,12 @@ class ControlServer:
             self._send(conn, protocol.error(errors.Busy.kind, "the daemon cannot start a thread to answer: try again"))
 
     def _reply_later(self, conn: Connection, answered: concurrent.futures.Future[Any]) -> None:
-        """A handed-over write is answered (on the loop thread, after its commit): to the I/O thread."""
+        """A handed-over write is answered (on the loop thread, after its commit): to the I/O thread.
+        When that is the loop thread itself, it writes the reply in its `flush`, with no wake-up
+        (which would only make it look at its selector once more for nothing)."""
         self._replies.put((conn, answered))
-        self._wake()
+        if threading.get_ident() != self._driver:
+            self._wake()
 
     def _refuse(self, conn: Connection, exc: protocol.ProtocolError) -> None:
         """A frame that breaks the framing: where the next one would start is unknown, so the

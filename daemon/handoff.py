@@ -103,7 +103,8 @@ class LoopHandoff:
             future.set_exception(ShuttingDown("the daemon is shutting down"))
             return future
         self._calls.put((fn, future, still_waiting))
-        self.wake()
+        if threading.get_ident() != self.loop_ident:  # the loop itself ticks next anyway
+            self.wake()
         if self.finished.is_set():  # ended meanwhile: it may never look at the queue again
             self.refuse_pending(ShuttingDown("the daemon is shutting down"))
         return future

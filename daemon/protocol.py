@@ -105,7 +105,8 @@ def _operation(op: str, /, writes: bool = False, bulk: bool = False, **arguments
 
 
 _ID = Argument("str", required=True)
-# What every acting operation takes (`daemon.bulk`): ids, or selectors that all must match.
+# What every acting operation takes (`daemon.bulk`): ids, or selectors that all must match. It
+# replies with a ResultsReply.
 _BULK = {"ids": Argument("list[str]"), "run": Argument("str | None"), "status": Argument("str | list[str] | None"),
          "type": Argument("str | None")}
 # The restart log's: entry ids (as text, a number each), or every entry awaiting review, or a run's.
@@ -135,6 +136,7 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", bulk=True, **_ENTRIES),
     _operation("restarts_recreate", bulk=True, **_ENTRIES),
+    _operation("retry", bulk=True, **_BULK),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -156,18 +158,21 @@ class SubmitReply(TypedDict):
     tasks: list[SubmittedTask]
 
 
-class BulkResult(TypedDict, total=False):
-    """One target's line of an acting operation's reply; each operation may add its own keys
-    (cancel: `cancelled`, `stopping`, `dependents`; recreate: `run_id`, `tasks`)."""
+class Result(TypedDict, total=False):
+    """One target's line of an acting operation's reply (`daemon.bulk`); an operation may add keys
+    of its own (cancel: `cancelled`, `stopping`, `dependents`)."""
 
-    id: str  # the full id, or the text given when it names nothing
-    ok: bool
-    message: str  # one line
-    kind: str  # a refusal's error class in `daemon.errors`
+    id: str  # required: the full id, or the text given when it names nothing
+    ok: bool  # required
+    message: str  # required: one line, what was done or why not
+    kind: str  # a refusal's error class in `daemon.errors`, for a client to raise it as such
+    new_id: str  # retry, recreate: the copy (or the active task that holds its idempotency key)
+    run_id: str | None  # retry, recreate: the new run
+    copies: list[str]  # retry, recreate: the copies of the tasks its failure cancelled
 
 
-class BulkReply(TypedDict):
-    results: list[BulkResult]
+class ResultsReply(TypedDict):
+    results: list[Result]  # one per id asked, in order
 
 
 class ShowReply(TypedDict):

@@ -1,4 +1,4 @@
-"""Startup recovery (SPEC §9), and recreating what a restart interrupted.
+"""Startup recovery (SPEC §9); recreating what a restart interrupted is `daemon.retry`'s.
 
 Rules, in order, before the daemon answers any request or claims anything:
 
@@ -25,15 +25,13 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import uuid
-from typing import Collection, Mapping, Sequence
+from typing import Sequence
 
 import structlog
 
-from daemon import models, outcomes, processes
-from daemon.errors import FredicaError
+from daemon import outcomes, processes
 from daemon.models import Task, TaskStatus
 from daemon.store import db, restarts, runs, tasks
-from daemon.submission import TaskSpec
 from executors.registry import Registry
 
 log = structlog.get_logger("fredica.recovery")
@@ -93,75 +91,3 @@ def undo_interrupted(registry: Registry, interrupted: Sequence[Task]) -> None:
         if executor is not None:
             outcomes.failure_hook(executor, task)()
 
-
-def recreate(
-    conn: sqlite3.Connection,
-    entry_id: int,
-    *,
-    now: float,
-    routes: Mapping[str, str] | None = None,
-    queue_names: Collection[str] = ("default",),
-) -> tasks.Submission:
-    """A new workflow run with a copy of an interrupted task and of the tasks its failure cancelled.
-
-    The copies keep type, payload, priority, retries, timeout, idempotency key and a queue their
-    submitter named, if it is still in `queue_names` (else they go by `routes`); dependencies on
-    tasks outside the copy stay as they were (they had completed, or the task could not have run),
-    dependencies among the copies point at the copies. The log entry becomes `recreated`.
-    """
-    with db.write(conn):
-        entry = restarts.get(conn, entry_id)
-        if entry.disposition != restarts.PENDING_REVIEW:
-            raise FredicaError(f"restart-log entry {entry_id} is already {entry.disposition}")
-        original = tasks.get(conn, entry.task_id)
-        if not original.status.is_terminal:
-            raise FredicaError(
-                f"task {original.id} is {original.display_status} again and will run: nothing to recreate"
-            )
-        copies = [original] + [
-            t for t in tasks.downstream(conn, original.id)
-            if t.status is TaskStatus.CANCELLED and t.error_type == models.DEPENDENCY_FAILED
-        ]
-        included: list[Task] = []
-        included_ids: set[str] = set()
-        for t in copies:  # in submission order, so a task's upstream copies are decided first
-            if t is original or all(dep in included_ids or _usable(conn, dep) for dep in t.depends_on):
-                included.append(t)
-                included_ids.add(t.id)
-        specs = [
-            TaskSpec(
-                type=t.type,
-                payload=t.payload,
-                priority=t.priority,
-                # The copies' keys are the originals' ids, so a dependency on a copied task
-                # resolves to its copy inside the batch.
-                depends_on=t.depends_on,
-                max_retries=t.max_retries,
-                idempotency_key=t.idempotency_key,
-                material_id=t.material_id,
-                timeout=t.timeout,
-                key=t.id,
-                payload_refs=t.payload_refs,
-                queue=t.queue if t.queue_explicit and t.queue in queue_names else None,
-            )
-            for t in included
-        ]
-        run = runs.find(conn, original.workflow_run_id)
-        submission = tasks.submit(
-            conn,
-            specs,
-            now=now,
-            template=run.template if run else "adhoc",
-            material_id=run.material_id if run else original.material_id,
-            routes=routes,
-        )
-        restarts.resolve(conn, entry_id, "recreated", now=now, new_run_id=submission.run_id)
-    log.info("restart_entry_recreated", entry_id=entry_id, task_id=original.id, run_id=submission.run_id,
-             tasks=len(specs))
-    return submission
-
-
-def _usable(conn: sqlite3.Connection, task_id: str) -> bool:
-    """Whether a task outside the copy can still be depended on (it did not fail or get cancelled)."""
-    task = tasks.find(conn, task_id)
-    return task is not None and task.status not in (TaskStatus.FAILED, TaskStatus.CANCELLED)

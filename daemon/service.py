@@ -172,7 +172,8 @@ def _serve(settings: config.Settings) -> int:
         # wait for the loop below, never run on their own threads while it starts.
         supervisor.bind_loop_thread()
         server.writes_to_loop(supervisor.hand_over, CALL_TIMEOUT)
-        server.serve()
+        server.serve(driven=True)  # its I/O on the loop's thread: a write request costs no thread switch
+        supervisor.attach_io(server)
         notifier.ready(
             f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "
             + supervisor.summary()

@@ -21,7 +21,7 @@ import functools
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import structlog
 
@@ -61,6 +61,16 @@ class CancelReport:
     # (at once for a waiting task, once a running one has stopped). A run's: counted in `cancelled`.
     dependents: int = 0
     run: str | None = None  # the run's id, when a run was cancelled
+
+
+class LoopIO(Protocol):
+    """I/O the loop does beside its executors' pipes, on its own thread (the control socket,
+    `ControlServer.serve(driven=True)`): waited on with them, stepped when ready."""
+
+    def fileno(self) -> int: ...
+    def next_step_in(self, now: float) -> float | None: ...
+    def step(self) -> None: ...
+    def flush(self) -> None: ...
 
 
 class Supervisor:
@@ -129,6 +139,7 @@ class Supervisor:
         # until one is scheduled again. True at first: recovery may have left some.
         self._delayed_possible = True
         self._loops_due: list[float] = []  # when to look at the event-loop processes' heartbeats
+        self.io: LoopIO | None = None  # the control socket, when the loop drives it (`attach_io`)
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -225,6 +236,11 @@ class Supervisor:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def attach_io(self, io: LoopIO) -> None:
+        """Drive `io` from the loop thread: waited on beside the executors' pipes, stepped when it
+        is ready, and flushed as soon as a commit has answered requests."""
+        self.io = io
+
     def bind_loop_thread(self) -> None:
         """Say that this thread will call `run`: from now on a request from another thread waits
         for the loop, even before it starts (the daemon serves its socket first), rather than run
@@ -309,6 +325,13 @@ class Supervisor:
 
     def _wait(self, timeout: float) -> None:
         handles: list[Any] = [self._handoff.wake_fd]
+        io = self.io
+        if io is not None:
+            io.flush()  # what this tick's commits (or refusals) answered
+            handles.append(io)
+            io_due = io.next_step_in(time.monotonic())
+            if io_due is not None:
+                timeout = min(timeout, io_due)
         unsent: list[int] = []
         for process in {id(rt.process): rt.process for rt in self.running.values()}.values():
             handles += process.fds()
@@ -319,6 +342,8 @@ class Supervisor:
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
+        if io is not None:
+            io.step()  # cheap when nothing is ready: one select with a zero timeout
 
     # --- one tick -------------------------------------------------------------------------------
 
@@ -348,6 +373,8 @@ class Supervisor:
                 with db.write(self.conn):
                     answers = self._handoff.run_calls(self.conn)
                 self._handoff.answer(answers)
+                if self.io is not None:
+                    self.io.flush()  # answered before the tick's own work, not after it
                 self._handoff.note_commit()
                 answers = []
                 self._stops = []  # committed: a rollback of what follows must not undo them
@@ -508,7 +535,9 @@ class Supervisor:
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:
-            self.notifier.tick(now, self.summary())
+            # The time of the ping, not of the tick's start: a tick that started a fork server
+            # took long, and the next ping must be spaced from when this one was sent.
+            self.notifier.tick(self.clock(), self.summary())
         return self._next_timeout(now)
 
     def summary(self) -> str:

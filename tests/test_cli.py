@@ -1009,10 +1009,10 @@ def test_restarts_empty(fake, fredica):
 def test_restarts_dismiss_and_recreate(fake, fredica, cfg):
     fake.handlers["restarts_dismiss"] = {"results": [ok_result("3", "dismissed 3", task_id=ID_A)]}
     fake.handlers["restarts_recreate"] = {"results": [
-        ok_result("4", f"recreated 4 as run {RUN} (1 task)", run_id=RUN, tasks=[ID_B])]}
+        ok_result("4", f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})", run_id=RUN)]}
     assert fredica("restarts", "dismiss", "3").stdout == "dismissed 3\n"
     result = CliRunner().invoke(cli.main, ["restarts", "recreate", "4", "--config", cfg])
-    assert (result.exit_code, result.stdout) == (0, f"recreated 4 as run {RUN} (1 task)\n")
+    assert (result.exit_code, result.stdout) == (0, f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})\n")
     assert fredica("restarts", "dismiss", "--all", "--run", RUN[:8]).exit_code == 0
     assert fake.requests == [("restarts_dismiss", {"ids": ["3"]}), ("restarts_recreate", {"ids": ["4"]}),
                              ("restarts_dismiss", {"all": True, "run": RUN[:8]})]

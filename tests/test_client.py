@@ -370,7 +370,7 @@ def test_the_operations_table_checks_names_presence_and_types() -> None:
         with pytest.raises(protocol.ProtocolError, match=message.replace("[", r"\[").replace("|", r"\|")):
             wait.check(args)
     writes = {name for name, op in protocol.OPERATIONS.items() if op.writes}
-    assert writes == {"submit", "run", "cancel", "pause", "resume", "hold", "release", "priority",
+    assert writes == {"submit", "run", "cancel", "pause", "resume", "hold", "release", "priority", "retry",
                       "restarts_dismiss", "restarts_recreate", "queue_pause", "queue_resume", "queue_workers"}
 
 

@@ -163,7 +163,7 @@ def test_kill9_of_the_daemon_ends_its_event_loop_process_and_the_restart_logs_ev
     # Recreated, one runs again in a new event-loop process, and completes.
     entry = d.data("restarts")[0]
     (tmp_path / "never").touch()
-    [recreated] = d.data("restarts_recreate", ids=[str(entry["id"])])["results"]
+    (recreated,) = d.data("restarts_recreate", ids=[str(entry["id"])])["results"]
     run = d.data("show", id=recreated["run_id"])["object"]
     done = d.wait_task(run["tasks"][0]["id"], "completed")
     assert done["executor_pid"] != loop_pid

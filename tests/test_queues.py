@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner, Result
 
-from daemon import cli, queues, recovery, render
+from daemon import cli, queues, recovery, render, retry
 from daemon.errors import SubmissionRefused
 from daemon.store import db, migrations, restarts, tasks
 from daemon.store import queues as queue_store
@@ -135,8 +135,9 @@ def test_a_recreated_task_keeps_a_named_queue_that_still_exists(conn: sqlite3.Co
     recovery.recover(conn, now=NOW)  # running → failed (INTERRUPTED), each with a restart-log entry
     copies = {}
     for entry in restarts.list_entries(conn):
-        submission = recovery.recreate(conn, entry.id, now=NOW, routes=ROUTES, queue_names=["default", "media"])
-        copies[entry.task_id] = tasks.get(conn, submission.tasks[0].id)
+        (result,) = retry.recreate_entries(conn, [str(entry.id)], now=NOW, routes=ROUTES,
+                                           queue_names=["default", "media"])
+        copies[entry.task_id] = tasks.get(conn, result.extra["new_id"])
     assert (copies[named].queue, copies[named].queue_explicit) == ("media", True)
     assert (copies[gone].queue, copies[gone].queue_explicit) == ("default", False)
     assert (copies[routed].queue, copies[routed].queue_explicit) == ("media", False)

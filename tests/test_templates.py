@@ -163,7 +163,7 @@ def test_fredica_run_end_to_end(daemons) -> None:
 def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: Path) -> None:
     # A transcode interrupted by a crash, recreated from the restart log: the copy still names
     # its download's result, and is still a template's task that dispatch fills in.
-    from daemon import recovery
+    from daemon import recovery, retry
     from daemon.store import db, restarts, tasks
 
     text = (
@@ -178,7 +178,8 @@ def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: 
     tasks.start(conn, store_steps.claim_next(conn, 4.0).id, now=4.0)
     recovery.recover(conn, now=5.0)  # the daemon died while the transcode ran
     (entry,) = restarts.list_entries(conn)
-    copy_id = recovery.recreate(conn, entry.id, now=6.0).tasks[0].id
+    (result,) = retry.recreate_entries(conn, [str(entry.id)], now=6.0)
+    copy_id = result.extra["new_id"]
     copy = tasks.get(conn, copy_id)
     assert copy.payload_refs and copy.depends_on == (download.id,)
     upstream = tasks.results_of(conn, copy.depends_on)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from daemon.errors import FredicaError, UnknownRestartEntry  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.models import RestartEntry, Task
@@ -87,3 +87,14 @@ def resolve(
             (disposition, new_run_id, now, entry_id),
         )
         return get(conn, entry_id)
+
+
+def mark_recreated(conn: sqlite3.Connection, new_runs: Mapping[str, str | None], *, now: float) -> int:
+    """The entries awaiting review of tasks that were just copied into a new run (task id → that
+    run) become `recreated`, however the copy was asked for (`restarts recreate`, `retry`); how many."""
+    with write(conn):
+        return conn.executemany(
+            "UPDATE restart_task_log SET disposition = 'recreated', new_workflow_run_id = ?, resolved_at = ?"
+            " WHERE task_id = ? AND disposition = ?",
+            [(run_id, now, task_id, PENDING_REVIEW) for task_id, run_id in new_runs.items()],
+        ).rowcount

@@ -13,6 +13,7 @@ import enum
 import sqlite3
 from typing import Any, Iterator, Sequence
 
+from daemon.models import TaskStatus
 from daemon.store import statuses, tasks
 
 
@@ -25,6 +26,7 @@ class Scope(enum.Enum):
     NOT_HELD = f"status = {statuses.PENDING} AND is_held = 0"
     HELD = f"status = {statuses.PENDING} AND is_held = 1"
     PENDING = f"status = {statuses.PENDING}"
+    ENDED_UNDONE = f"status IN ({statuses.literals([TaskStatus.FAILED, TaskStatus.CANCELLED])})"
 
 
 def task_ids(
