@@ -156,3 +156,25 @@ def test_a_bulk_of_thousands_is_a_few_hand_overs(daemons, tmp_path: Path) -> Non
     cancelled = d.data("cancel", status="held")["results"]
     assert len(cancelled) == 2500 and all(r["ok"] for r in cancelled)
     assert d.data("status")["counts"]["cancelled"] == 2500
+
+
+def test_retry_by_selectors_reaches_the_failed_tasks_of_a_run_as_one_new_run(daemons) -> None:
+    d = daemons(max_workers=1).start()
+    lines = [{"type": "RAISE", "key": "a"}, {"type": "ECHO", "depends_on": ["a"]},
+             {"type": "RAISE", "key": "b"}, {"type": "ECHO"}]
+    first, cascaded, second, fine = (t["id"] for t in d.data("submit", tasks=lines)["tasks"])
+    for task_id in (first, second):
+        d.wait_task(task_id, "failed")
+    d.wait_task(fine, "completed")
+    run_id = d.task(first)["workflow_run_id"]
+    result = fredica(d, "retry", "--run", run_id[:8], "--status", "failed")
+    assert (result.exit_code, result.stderr) == (0, "")
+    lines_out = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines_out] == [["retried", first[:8]], ["retried", second[:8]]]
+    assert "with 1 task its failure cancelled" in lines_out[0]
+    # Selected together, the two failed tasks of one run come back as one new run.
+    assert len({line.rsplit("(run ", 1)[1] for line in lines_out}) == 1
+    nothing = fredica(d, "retry", "--run", run_id[:8], "--status", "completed")
+    assert nothing.exit_code == 1
+    assert nothing.stderr == (f"error: no failed or cancelled task matches --run {run_id[:8]} --status completed: "
+                              "nothing was retried\n")
