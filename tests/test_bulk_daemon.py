@@ -178,3 +178,28 @@ def test_retry_by_selectors_reaches_the_failed_tasks_of_a_run_as_one_new_run(dae
     assert nothing.exit_code == 1
     assert nothing.stderr == (f"error: no failed or cancelled task matches --run {run_id[:8]} --status completed: "
                               "nothing was retried\n")
+
+
+def test_restart_log_entries_dismissed_by_run_and_all(daemons, tmp_path: Path) -> None:
+    d = daemons(max_workers=3).start()
+    ready = [tmp_path / f"ready{i}" for i in range(3)]
+    pair = d.data("submit", tasks=[{"type": "HANG", "payload": {"ready_file": str(r)}} for r in ready[:2]])
+    alone = d.submit("HANG", payload={"ready_file": str(ready[2])})
+    for path in ready:
+        wait_for(path.exists, 20)
+    d.kill9()
+    d.start()
+    entries = {e["task_id"]: e["id"] for e in d.data("restarts")}
+    assert len(entries) == 3
+    by_run = fredica(d, "restarts", "dismiss", "--run", pair["run_id"][:8])
+    assert (by_run.exit_code, by_run.stdout.splitlines()) == (
+        0, [f"dismissed {entries[t['id']]}" for t in pair["tasks"]])
+    rest = fredica(d, "restarts", "dismiss", "--all")
+    assert (rest.exit_code, rest.stdout) == (0, f"dismissed {entries[alone]}\n")
+    none_left = fredica(d, "restarts", "dismiss", "--all")
+    assert (none_left.exit_code, none_left.stderr) == (1, "error: no restart-log entry awaits review\n")
+    huge = fredica(d, "restarts", "recreate", "99999999999999999999", str(entries[alone]))
+    assert huge.exit_code == 1
+    assert huge.stderr.splitlines() == ["error: no restart-log entry has id 99999999999999999999",
+                                        f"error: restart-log entry {entries[alone]} is already dismissed"]
+    assert d.process.poll() is None and "Traceback" not in d.output.read_text()
