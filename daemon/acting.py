@@ -9,17 +9,20 @@ takes these methods in.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import structlog
 
-from daemon import bulk, retry
+from daemon import bulk
 from daemon.bulk import BulkReply, Result, Selection, Target
 from daemon.errors import ProtocolError
 from daemon.store import db, restarts, tasks, waiting
 from daemon.store.selection import Scope
 from daemon.submission import MAX_PRIORITY
-from daemon.supervisor import CancelReport, Supervisor
+
+if TYPE_CHECKING:  # not at run time: `operations` is imported by the CLI's reads too
+    from daemon import retry
+    from daemon.supervisor import CancelReport, Supervisor
 
 log = structlog.get_logger("fredica.control")
 
@@ -150,6 +153,8 @@ class ActingHandlers:
                              ) -> BulkReply:
         """Run the tasks of restart-log entries again (`daemon.retry`): those from one original
         run make one new run, so all the entries named go to the loop together."""
+        from daemon import retry  # loaded by the daemon already; not for the CLI's reads
+
         chunks = bulk.entry_targets(self._reader(), ids or (), every=all, run=run)
         return self._rerun("restarts_recreate", chunks, retry.recreate_entries)
 
@@ -157,6 +162,8 @@ class ActingHandlers:
                  type: str | None = None) -> BulkReply:
         """Run failed or cancelled tasks again as new tasks, with the tasks their failure
         cancelled (`daemon.retry`): tasks of one run make one new run, so all go together."""
+        from daemon import retry  # as above
+
         return self._rerun("retry", bulk.targets(self._reader(), Selection.of(ids, run, status, type), RETRY),
                            retry.retry_tasks)
 
@@ -177,6 +184,8 @@ class ActingHandlers:
 
 
 def _cancelled(task_id: str, dependents: int) -> Result:
+    from daemon.supervisor import CancelReport  # loaded by the daemon already
+
     report = CancelReport((task_id,), (), dependents)
     return {"id": task_id, "ok": True, "message": cancel_message(report), "cancelled": [task_id], "stopping": [],
             "dependents": dependents}

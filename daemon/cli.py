@@ -30,6 +30,8 @@ ACTIVE_STATUSES = models.in_order(models.ACTIVE_STATUSES)  # as `ls` is asked fo
 _CONFIG = "fredica.config"
 _CLIENT = "fredica.client"
 _SETTINGS = "fredica.settings"
+_LIVE_ONLY = "fredica.live_only"  # set by a command that must not be answered from the database
+_NOTED_DOWN = "fredica.noted_down"  # `daemon not running` said already
 
 
 def _sleep(seconds: float) -> None:
@@ -105,8 +107,29 @@ def daemon_client() -> client.Client:
 
 
 def call(op: str, **args: Any) -> Any:
-    """One request to the daemon named by the config; errors become the exit status (see above)."""
-    return daemon_client().call(op, **args)
+    """One request to the daemon named by the config; errors become the exit status (see above).
+
+    With no daemon running, a read is answered from its database, read-only (SPEC §14), saying
+    `daemon not running` on stderr once per command; a write (or `wait`) is refused as before.
+    """
+    try:
+        return daemon_client().call(op, **args)
+    except client.DaemonNotRunning as exc:
+        from daemon import offline  # only when the daemon is down: its imports are not for `status`
+
+        meta = click.get_current_context().meta
+        if meta.get(_LIVE_ONLY) or not offline.answers(op):
+            raise
+        answer = offline.answer(settings(), op, args, exc)
+        if not meta.get(_NOTED_DOWN):
+            meta[_NOTED_DOWN] = True
+            click.echo("daemon not running" + (f": read from {settings().database}" * answer.read_database), err=True)
+        return answer.data
+
+
+def daemon_down() -> bool:
+    """Whether this command's reads were answered from the database, with no daemon running."""
+    return bool(click.get_current_context().meta.get(_NOTED_DOWN))
 
 
 def echo_json(data: Any) -> None:
@@ -312,6 +335,33 @@ def list_runs(status: str | None, limit: int | None, as_json: bool) -> None:
         click.echo("no runs")
 
 
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from daemon import durations
+
+    try:
+        return durations.parse(value)
+    except durations.BadDuration as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+@command(main)
+@click.option("--older-than", default="7d", show_default=True, metavar="AGE", callback=_duration,
+              help="Only runs that finished at least this long ago (90s, 30m, 12h, 7d, 2w; 0: any).")
+@click.option("--status", type=click.Choice(render.FINISHED_RUN_STATUSES), help="Only runs that ended so.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
+@json_option
+def clean(older_than: float, status: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete finished runs older than a cutoff, with their tasks and logs.
+
+    A run goes once all of its tasks have ended, never while an unfinished task (of another
+    run) depends on one of them; its restart-log entries go with it."""
+    reply = daemon_client().clean(older_than, status=status, dry_run=dry_run)
+    if as_json:
+        echo_json(reply)
+    else:
+        click.echo(render.clean_summary(reply, dry_run))
+
+
 @command(main)
 @click.argument("target_id", metavar="ID")
 @json_option
@@ -422,6 +472,8 @@ def watch(target: str | None) -> None:
 
     Without ID: every waiting and running task. With ID: that task, or that run's tasks.
     """
+    # Live progress needs the daemon: read from a database that nothing changes, it would never end.
+    click.get_current_context().meta[_LIVE_ONLY] = True
     screen = WatchScreen(tty=sys.stdout.isatty() and os.environ.get("TERM") != "dumb")
     known: dict[str, dict[str, Any]] = {}
     printed: set[str] = set()
@@ -498,8 +550,8 @@ def completion(shell: str) -> None:
 
 @command(main)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="jsonl", show_default=True)
-@click.option("--status", "statuses", multiple=True, help="only tasks in this stored status (repeatable)")
-@click.option("--run", "run_id", help="only the tasks of this workflow run (its full id)")
+@click.option("--status", "statuses", multiple=True, help="only tasks in this status, stored or as shown: waiting, paused (repeatable)")
+@click.option("--run", "run_id", help="only the tasks of this workflow run")
 @click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-", help="a file (default: stdout)")
 def export(fmt: str, statuses: tuple[str, ...], run_id: str | None, output: Any) -> None:
     """Every task as CSV or JSON lines, read from the database itself.
@@ -521,6 +573,9 @@ def status(as_json: bool) -> None:
         echo_json(data)
     else:
         echo_lines(render.status_lines(data))
+    if daemon_down():
+        # Said from the database, but still what a script asks `status` for: it is not running.
+        raise SystemExit(EXIT_UNREACHABLE)
 
 
 @command(main, "queues")

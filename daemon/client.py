@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from daemon import errors, models, protocol
-from daemon.errors import DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
+from daemon.errors import DaemonNotRunning, DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
 from executors import tasklog
 
 _START_HINT = "start it with `fredica daemon`"
@@ -176,6 +176,17 @@ class Client:
                 raise errors.WaitTimedOut(
                     f"{len(active)} of {len(reply['tasks'])} tasks still active after {timeout:g}s", reply["tasks"])
 
+    def clean(self, older_than: float, *, status: str | None = None, dry_run: bool = False) -> protocol.CleanReply:
+        """Remove the workflow runs finished more than `older_than` seconds ago (only those of
+        `status`, if given) with their tasks, logs and restart-log entries; what was removed (or,
+        `dry_run`, would be). The daemon answers every few seconds: asked again until it is done."""
+        total: protocol.CleanReply = {"runs": 0, "tasks": 0, "logs": 0, "done": False}
+        while not total["done"]:
+            reply: protocol.CleanReply = self.call("clean", older_than=older_than, status=status, dry_run=dry_run)
+            total = {"runs": total["runs"] + reply["runs"], "tasks": total["tasks"] + reply["tasks"],
+                     "logs": total["logs"] + reply["logs"], "done": reply["done"]}
+        return total
+
     # --- the connection -------------------------------------------------------------------------
 
     def call(self, op: str, **args: Any) -> Any:
@@ -264,9 +275,12 @@ class Client:
         try:
             self._connect_once_there_is_room(sock)
         except FileNotFoundError:
-            problem = f"no daemon socket at {path}: the daemon is not running ({_START_HINT})"
+            sock.close()
+            raise DaemonNotRunning(f"no daemon socket at {path}: the daemon is not running ({_START_HINT})") from None
         except ConnectionRefusedError:
-            problem = f"nothing is listening on {path}: the daemon is not running ({_START_HINT})"
+            sock.close()
+            raise DaemonNotRunning(
+                f"nothing is listening on {path}: the daemon is not running ({_START_HINT})") from None
         except PermissionError:
             problem = f"permission denied on {path}: the daemon answers only the user that runs it"
         except TimeoutError:

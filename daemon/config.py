@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from daemon import queues, templates
+from daemon import durations, queues, templates
 from daemon.errors import ConfigError, FredicaError  # noqa: F401 (ConfigError re-exported: this module's errors live in the catalogue)
 
 
@@ -58,6 +58,9 @@ class Settings:
     idle_process_timeout: float = 60.0
     max_result_bytes: int = 1024 * 1024
     max_task_log_bytes: int = 64 * 1024 * 1024
+    # Seconds a finished run is kept before the hourly pass removes it (0: kept for ever). A month
+    # lets people look back at what ran while the database and tasks/*.log stay bounded.
+    keep_finished: float = 30 * 86400.0
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -89,6 +92,14 @@ class Settings:
         return self.log_dir / "daemon.log"
 
 
+def _is_duration(text: str) -> bool:
+    try:
+        durations.parse(text)
+    except durations.BadDuration:
+        return False
+    return True
+
+
 # key → (type check, extra check, message for the check)
 _POSITIVE = (lambda v: v > 0, "must be greater than 0")
 # The loop's fallback sleep: poll(2) takes no more than ~24 days, and an hour is already plenty.
@@ -115,6 +126,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     # below the status channel's hard limit.
     "max_result_bytes": (int, (lambda v: 1 <= v <= 16 * 1024 * 1024, "must be between 1 and 16777216")),
     "max_task_log_bytes": (int, (lambda v: v >= 64 * 1024, "must be at least 65536")),
+    "keep_finished": (str, (lambda v: _is_duration(v), 'must be a duration like "30d", "12h" or "0" (keep everything)')),
 }
 RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),
@@ -178,6 +190,8 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
     for key in ("database", "socket", "log_dir"):
         if key in values:
             values[key] = _path(key, values[key], os.environ if env is None else env, source)
+    if "keep_finished" in values:
+        values["keep_finished"] = durations.parse(values["keep_finished"])
     if values.get("synchronous"):
         values["synchronous"] = values["synchronous"].lower()
     executors = data.get("executors", {})

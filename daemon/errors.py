@@ -102,6 +102,10 @@ class NotPausable(FredicaError):
     """The task cannot be paused or resumed now."""
 
 
+class BadDuration(FredicaError):
+    """A length of time is not written as a number and a unit (90s, 30m, 12h, 7d, 2w)."""
+
+
 class QueueError(FredicaError):
     """The queue configuration is invalid, or a request names no configured queue."""
 
@@ -166,6 +170,11 @@ class NotText(ProtocolError):
 
 class DaemonUnreachable(FredicaError):
     """The daemon is not running or does not answer."""
+
+
+class DaemonNotRunning(DaemonUnreachable):
+    """No daemon is running: no socket file, or nothing listening on it (not one that is slow,
+    or another user's). Read commands then answer from the database (`daemon.offline`)."""
 
 
 class WaitTimedOut(FredicaError, TimeoutError):

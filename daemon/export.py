@@ -2,8 +2,8 @@
 
 Read in the CLI's own process with sqlite-utils (`Table.rows_where`, which streams rows), not
 through the daemon: a dump of 100,000 tasks need not pass through the control socket and the
-supervisor's loop, and it works with the daemon down. The connection is opened read-only
-(`mode=ro`), so nothing here can write what only the supervisor writes.
+supervisor's loop, and it works with the daemon down. The connection is opened read-only, and
+creates no file (`db.connect_read_only`), so nothing here can write what only the supervisor writes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any, Iterator, Sequence, TextIO
 
 import sqlite_utils
 
-from daemon.errors import ExportFailed
-from daemon.models import TaskStatus
+from daemon.errors import ExportFailed, FredicaError
+from daemon.models import TASK_FILTER_WORDS
+from daemon.store import db, tasks
+from daemon.store import ids as id_store
 
 FORMATS = ("csv", "jsonl")
 # What a row says, in this order: who it is, where it is, how it went, when.
@@ -32,18 +34,24 @@ def rows(database: Path, *, statuses: Sequence[str] = (), run: str | None = None
     """The tasks of `database` in submission order (only those of `statuses` and `run` if given).
     What is wrong with the request or the database is refused here, before any row is written."""
     for status in statuses:
-        if status not in {s.value for s in TaskStatus}:
-            raise ExportFailed(f"unknown status {status!r}: one of {', '.join(s.value for s in TaskStatus)}")
+        if status not in TASK_FILTER_WORDS:  # as `ls --status` takes them (SPEC §14)
+            raise ExportFailed(f"unknown status {status!r}: one of {', '.join(TASK_FILTER_WORDS)}")
     if not Path(database).exists():
         raise ExportFailed(f"no database at {database}")
     try:
-        conn = sqlite3.connect(f"{Path(database).resolve().as_uri()}?mode=ro", uri=True)
+        conn = db.connect_read_only(database)
+        conn.row_factory = None  # sqlite-utils makes its own dicts
         table = sqlite_utils.Database(conn).table("task")
         if not table.exists():
             conn.close()
             raise ExportFailed(f"{database} holds no tasks table: not a fredica database")
+        if run is not None:
+            run = id_store.run_id(conn, run)  # a prefix, as everywhere; an unknown run is refused
     except sqlite3.Error as exc:
         raise ExportFailed(f"cannot open {database} to read: {exc}") from None
+    except FredicaError:
+        conn.close()
+        raise
     where, params = _where(statuses, run)
     return _stream(conn, table, where, params, database)
 
@@ -62,8 +70,9 @@ def _stream(
 def _where(statuses: Sequence[str], run: str | None) -> tuple[str | None, list[Any]]:
     clauses, params = [], []
     if statuses:
-        clauses.append(f"status IN ({', '.join('?' for _ in statuses)})")
-        params += list(statuses)
+        clause, values = tasks.status_where(list(statuses))
+        clauses.append(clause)
+        params += values
     if run is not None:
         clauses.append("workflow_run_id = ?")
         params.append(run)

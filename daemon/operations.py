@@ -2,7 +2,8 @@
 
 Reads use a read-only connection of the serving thread, so a long `ls` never stalls the loop;
 mutations are handed to the supervisor's loop thread (`Supervisor.call`), which alone writes the
-database. Every argument is checked against the protocol's table of operations
+database. The read handlers (`Reads`) need only the settings and a connection, not the daemon:
+with the daemon down the CLI runs the very same ones in its own process (`daemon.offline`). Every argument is checked against the protocol's table of operations
 (`protocol.OPERATIONS`, which the client checks its requests against too) before the handler
 runs, so that nothing of the wrong type reaches SQLite (which would answer with an internal error).
 """
@@ -13,70 +14,59 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
-from daemon import acting, faults, handoff, models, protocol
+from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
-from daemon.store import db, restarts, runs, tasks
+from daemon.engine import cleaning as engine_cleaning
+from daemon.store import cleaning, db, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
-from daemon.supervisor import Supervisor
+
+if TYPE_CHECKING:  # not at run time: the CLI imports the reads, without the daemon's loop
+    from daemon.config import Settings
+    from daemon.supervisor import Supervisor
+    from executors.registry import Registry
 
 
 # The longest one `wait` request blocks: a client waiting longer asks again, so that its socket
 # timeout never fires on a wait that goes well.
 WAIT_SLICE = 10.0
+# The longest one `clean` request works before it answers with what it has removed so far.
+CLEAN_SLICE = 5.0
 
 
-class Handlers(acting.ActingHandlers):
-    """One method per request type; each returns the reply's data or raises a FredicaError (the
-    acting operations, over many targets each, are in `daemon.acting`)."""
+class Reads:
+    """The handlers of the requests that only read: one method per request type, each returning
+    the reply's data or raising a FredicaError. What only a running daemon knows (its pid, its
+    busy workers, its executors) comes from the methods at the end, which `Handlers` overrides;
+    as written here they say what is true with no daemon running."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.sup = supervisor
-        self.settings = supervisor.settings
-        self._local = threading.local()
-
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.settings.database)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-        return conn
-
-    def handle(self, op: str, args: dict[str, Any]) -> Any:
-        # Checked already by `protocol.parse_request`, against the same table.
-        try:
-            return getattr(self, f"op_{op}")(**args)
-        except sqlite3.DatabaseError as exc:
-            if faults.classify(exc) is not faults.Kind.CORRUPT:
-                raise
-            # A reader met it first: the daemon must not go on answering while tasks run on a
-            # database it can no longer trust (SPEC §13).
-            self.sup.report_corruption(exc)
-            raise faults.refusal(faults.Kind.CORRUPT) from None
+    def __init__(self, settings: Settings, reader: Callable[[], sqlite3.Connection]) -> None:
+        """`reader`: the read-only connection of the calling thread."""
+        self.settings = settings
+        self._reader = reader
 
     # --- reads ----------------------------------------------------------------------------------
 
     def op_status(self) -> dict[str, Any]:
-        sup = self.sup
+        daemon = self._daemon_facts()
         return {
-            "pid": os.getpid(),
-            "uptime": round(sup.clock() - sup.started_at, 3),
+            "pid": daemon["pid"],
+            "uptime": daemon["uptime"],
             # Every queue's workers (the config's max_workers when no other queue is set).
-            "max_workers": sup.queues.total_workers,
-            "busy_workers": len(sup.running),
+            "max_workers": sum(self._queue_workers().values()),
+            "busy_workers": daemon["busy_workers"],
             "queues": {row.pop("name"): row for row in self.op_queues()},
             "counts": tasks.count_by_status(self._reader()),
             "database": str(self.settings.database),
             "socket": str(self.settings.socket),
             "log_dir": str(self.settings.log_dir),
             # While the database cannot be written: what the fault is (None: none).
-            "database_fault": None if (fault := sup.fault) is None else fault.summary(sup.clock()),
-            "database_faults": sup.database_faults,
+            "database_fault": daemon["database_fault"],
+            "database_faults": daemon["database_faults"],
         }
 
     def op_ls(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
@@ -104,7 +94,7 @@ class Handlers(acting.ActingHandlers):
 
     def op_types(self) -> list[dict[str, Any]]:
         """The executor types (SPEC §14): pausable or not, one line of doc, payload keys."""
-        registry = self.sup.registry
+        registry = self._registry()
         found = []
         for name in registry:
             registration = registry.registration(name)
@@ -122,11 +112,118 @@ class Handlers(acting.ActingHandlers):
             for t in sorted(self.settings.templates.values(), key=lambda t: t.name)
         ]
 
+    def op_log_path(self, id: str | None = None) -> dict[str, Any]:
+        if id is None:
+            return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
+        conn = self._reader()
+        task = tasks.get(conn, id_store.task_id(conn, id))
+        return {"path": str(self.settings.task_log(task.id)), "active": self._log_may_grow(task),
+                "json_lines": False}
+
+    def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=all)]
+
+    def op_queues(self) -> list[dict[str, Any]]:
+        workers = self._queue_workers()
+        busy, paused = self._busy_by_queue(), self._paused_queues()
+        waiting = queue_store.waiting(self._reader())
+        return [
+            {"name": name, "workers": size, "busy": busy.get(name, 0), "waiting": waiting.get(name, 0),
+             "paused": name in paused}
+            for name, size in workers.items()
+        ]
+
+    # --- what a running daemon knows: as it is with none running --------------------------------
+
+    def _daemon_facts(self) -> dict[str, Any]:
+        """The daemon's process: its pid and uptime (None: none runs), busy workers, write faults."""
+        return {"pid": None, "uptime": None, "busy_workers": 0, "database_fault": None, "database_faults": 0}
+
+    def _queue_workers(self) -> Mapping[str, int]:
+        """Each queue's size, in config order."""
+        return {name: queue.workers for name, queue in self.settings.all_queues.items()}
+
+    def _busy_by_queue(self) -> Mapping[str, int]:
+        return {}
+
+    def _paused_queues(self) -> Collection[str]:
+        return queue_store.paused(self._reader())
+
+    def _registry(self) -> Registry:
+        from executors.registry import Registry  # only here: it imports the executors' modules
+
+        return Registry.from_config(self.settings.executors)
+
+    def _log_may_grow(self, task: models.Task) -> bool:
+        """Whether something may still write the task's log: with no daemon, nothing does."""
+        return False
+
+
+class Handlers(acting.ActingHandlers, Reads):
+    """Every request type of a running daemon: the reads, what only it knows, and the mutations (the
+    acting operations, over many targets each, in `daemon.acting`)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.sup = supervisor
+        self._local = threading.local()
+        super().__init__(supervisor.settings, self._thread_reader)
+
+    def _thread_reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = db.connect(self.settings.database)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+        return conn
+
+    def handle(self, op: str, args: dict[str, Any]) -> Any:
+        # Checked already by `protocol.parse_request`, against the same table.
+        try:
+            return getattr(self, f"op_{op}")(**args)
+        except sqlite3.DatabaseError as exc:
+            if faults.classify(exc) is not faults.Kind.CORRUPT:
+                raise
+            # A reader met it first: the daemon must not go on answering while tasks run on a
+            # database it can no longer trust (SPEC §13).
+            self.sup.report_corruption(exc)
+            raise faults.refusal(faults.Kind.CORRUPT) from None
+
+    # --- what the running daemon knows ------------------------------------------------------------
+
+    def _daemon_facts(self) -> dict[str, Any]:
+        sup = self.sup
+        return {
+            "pid": os.getpid(),
+            "uptime": round(sup.clock() - sup.started_at, 3),
+            "busy_workers": len(sup.running),
+            "database_fault": None if (fault := sup.fault) is None else fault.summary(sup.clock()),
+            "database_faults": sup.database_faults,
+        }
+
+    def _queue_workers(self) -> Mapping[str, int]:
+        return {name: self.sup.queues.workers[name] for name in self.sup.queues.names}
+
+    def _busy_by_queue(self) -> Mapping[str, int]:
+        return self.sup.busy_by_queue()
+
+    def _paused_queues(self) -> Collection[str]:
+        return self.sup.queues.paused
+
+    def _registry(self) -> Registry:
+        return self.sup.registry
+
+    def _log_may_grow(self, task: models.Task) -> bool:
+        return not task.status.is_terminal
+
+    # --- reads that wait for the loop's commits -------------------------------------------------
+
     def op_wait(self, ids: list[str], timeout: float | None = None) -> protocol.WaitReply:
         """The tasks named (a run's id names its tasks) once all have ended, or as they are when
         `timeout` (at most WAIT_SLICE) has passed. Waits on this handler thread, woken by the
         loop's commits: it holds neither the loop nor the database. A wake-up reads only the
         first task still active: the others need not be looked at before it has ended."""
+        from daemon import handoff  # loaded by the daemon already; not for the CLI's reads
+
         limit = WAIT_SLICE if timeout is None else max(0.0, min(timeout, WAIT_SLICE))
         deadline = time.monotonic() + limit
         seen = self.sup.commits()  # before reading: a commit after the read wakes the wait
@@ -168,27 +265,6 @@ class Handlers(acting.ActingHandlers):
             else:
                 found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
         return found
-
-    def op_log_path(self, id: str | None = None) -> dict[str, Any]:
-        if id is None:
-            return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
-        conn = self._reader()
-        task = tasks.get(conn, id_store.task_id(conn, id))
-        return {"path": str(self.settings.task_log(task.id)), "active": not task.status.is_terminal,
-                "json_lines": False}
-
-    def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
-        return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=all)]
-
-    def op_queues(self) -> list[dict[str, Any]]:
-        sup = self.sup
-        busy = sup.busy_by_queue()
-        waiting = queue_store.waiting(self._reader())
-        return [
-            {"name": name, "workers": sup.queues.workers[name], "busy": busy.get(name, 0),
-             "waiting": waiting.get(name, 0), "paused": name in sup.queues.paused}
-            for name in sup.queues.names
-        ]
 
     # --- mutations, run on the supervisor's loop thread -----------------------------------------
 
@@ -233,6 +309,34 @@ class Handlers(acting.ActingHandlers):
             "run_id": submission.run_id,
             "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
         }
+
+    def op_clean(self, older_than: float, status: str | None = None, dry_run: bool = False) -> protocol.CleanReply:
+        """Remove the runs finished more than `older_than` seconds ago (SPEC §14), a chunk at a
+        time on the loop, each chunk's logs once it is committed; for at most CLEAN_SLICE
+        seconds, then `done` is False and the client asks again."""
+        if older_than < 0:
+            raise protocol.ProtocolError("older_than must be 0 or more seconds")
+        if status is not None and status not in cleaning.FINISHED:
+            raise protocol.ProtocolError(
+                f"unknown status {protocol.shown(status)}: runs are cleaned when {', '.join(cleaning.FINISHED)}")
+        sup = self.sup
+        cutoff = sup.clock() - older_than
+        if dry_run:
+            found = cleaning.preview(self._reader(), cutoff=cutoff, status=status)
+            logs = sum(any(os.path.exists(f"{path}{end}") for end in ("", ".1"))
+                       for path in map(self.settings.task_log, found.task_ids))
+            return {"runs": found.runs, "tasks": found.tasks, "logs": logs, "done": True}
+        from daemon import handoff  # as in op_wait: not for the CLI's reads
+
+        deadline = time.monotonic() + CLEAN_SLICE
+        runs_removed = tasks_removed = logs = 0
+        while True:
+            removed = sup.call(lambda: cleaning.remove_chunk(sup.conn, cutoff=cutoff, status=status,
+                                                             limit=cleaning.CHUNK))
+            runs_removed, tasks_removed = runs_removed + removed.runs, tasks_removed + removed.tasks
+            logs += engine_cleaning.remove_logs(self.settings.task_log, removed.task_ids)
+            if not removed.more or time.monotonic() >= deadline or not handoff.requester_waiting():
+                return {"runs": runs_removed, "tasks": tasks_removed, "logs": logs, "done": not removed.more}
 
 
 def _check_task_statuses(status: str | list[str] | None) -> None:

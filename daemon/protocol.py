@@ -135,6 +135,11 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
     _operation("restarts_dismiss", bulk=True, **_ENTRIES),
+    # Not `writes`: its handler thread hands the loop one chunk after another (each committed on
+    # its own), which a handler run on the loop itself could not do. Asked again, it removes only
+    # what is still there to remove.
+    _operation("clean", older_than=Argument("float", required=True), status=Argument("str | None"),
+               dry_run=Argument("bool")),
     _operation("restarts_recreate", bulk=True, **_ENTRIES),
     _operation("retry", bulk=True, **_BULK),
     _operation("queues"),
@@ -156,6 +161,13 @@ class SubmittedTask(TypedDict):
 class SubmitReply(TypedDict):
     run_id: str | None  # None when every task was already active
     tasks: list[SubmittedTask]
+
+
+class CleanReply(TypedDict):
+    runs: int
+    tasks: int
+    logs: int  # tasks whose log files were removed (or, dry run, are there)
+    done: bool  # False: the request's time ran out first; ask again for the rest
 
 
 class Result(TypedDict, total=False):

@@ -15,6 +15,8 @@ from daemon.models import DisplayStatus, TaskStatus
 
 TASK_STATUSES = tuple(status.value for status in TaskStatus)
 RUN_STATUSES = tuple(status.value for status in models.RunStatus)
+FINISHED_RUN_STATUSES = tuple(status.value for status in models.RunStatus
+                              if status not in (models.RunStatus.PENDING, models.RunStatus.RUNNING))
 # How `fredica wait`'s summary orders what it counts: the ends first, then what is still going.
 _SUMMARY_ORDER = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.RUNNING,
                   DisplayStatus.PAUSED, DisplayStatus.WAITING, DisplayStatus.HELD)
@@ -178,7 +180,12 @@ def details(obj: Mapping[str, Any], skip: Sequence[str] = ("tasks",)) -> list[st
     width = max((len(key) for key in keys), default=0) + 1
     lines = []
     for key in keys:
-        text = _value(key, obj[key])
+        value = obj[key]
+        if key == "payload" and obj.get("payload_refs"):
+            from daemon import templates  # only here: the names a template's task refers to
+
+            value = templates.as_written(value)
+        text = _value(key, value)
         if key == "status" and "is_paused" in obj and display_status(obj) != obj["status"]:
             text = f"{display_status(obj)} ({obj['status']})"
         lines.append(f"{key + ':':<{width}} {text}")
@@ -190,14 +197,17 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
     counts = dict(status.get("counts") or {})
     held = counts.pop(DisplayStatus.HELD.value, 0)  # of the pending ones
     order = [name for name in TASK_STATUSES] + sorted(set(counts) - set(TASK_STATUSES))
+    if "pid" in status and status["pid"] is None:  # read from the database: no daemon runs
+        facts = [("daemon", "not running"), ("workers", f"none running ({status.get('max_workers', '?')} configured)")]
+    else:
+        facts = [
+            ("pid", str(status.get("pid", "?"))),
+            ("uptime", duration(float(status.get("uptime") or 0))),
+            ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
+        ]
     shown = [f"{counts.get(name, 0)} {name}" + (f" ({held} held)" if name == TaskStatus.PENDING and held else "")
              for name in order]
-    facts = [
-        ("pid", str(status.get("pid", "?"))),
-        ("uptime", duration(float(status.get("uptime") or 0))),
-        ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
-        ("tasks", ", ".join(shown)),
-    ]
+    facts.append(("tasks", ", ".join(shown)))
     if status.get("queues"):
         facts.append(("queues", queues_summary(status["queues"])))
     if status.get("recovering"):
@@ -248,6 +258,17 @@ def template_table(templates: Sequence[Mapping[str, Any]]) -> list[str]:
         params = [str(p) for p in t.get("params") or ()] + [f"{k}={v}" for k, v in defaults.items()]
         rows.append([str(t.get("name")), ", ".join(params) or "-", one_line(str(t.get("description") or "-"))])
     return table(["TEMPLATE", "PARAMETERS", "DESCRIPTION"], rows)
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 run`, `12 runs`."""
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def clean_summary(reply: Mapping[str, Any], dry_run: bool = False) -> str:
+    """`removed 12 runs, 340 tasks, 338 logs` (`would remove ...` for a dry run)."""
+    verb = "would remove" if dry_run else "removed"
+    return f"{verb} {counted(reply['runs'], 'run')}, {counted(reply['tasks'], 'task')}, {counted(reply['logs'], 'log')}"
 
 
 def progress_line(task: Mapping[str, Any]) -> str:

@@ -55,7 +55,7 @@ class TaskSpec:
     id: str | None = None
     hold: bool = False  # stored held: never claimed until a user releases it (SPEC §14)
     # Set by templates only, never from a request: the payload names dependencies' results by
-    # position ("{@0.output}", braces of its own doubled), to fill in at dispatch.
+    # position ("{@0-download.output}", braces of its own doubled), to fill in at dispatch.
     payload_refs: bool = False
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 import structlog
 
 from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, queues, templates
-from daemon.engine import event_loops, executor_processes
+from daemon.engine import cleaning, event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
 from daemon.errors import InvalidTransition
@@ -139,6 +139,7 @@ class Supervisor:
         # until one is scheduled again. True at first: recovery may have left some.
         self._delayed_possible = True
         self._loops_due: list[float] = []  # when to look at the event-loop processes' heartbeats
+        self.keep_finished = cleaning.KeepFinished(settings.keep_finished)
         self.io: LoopIO | None = None  # the control socket, when the loop drives it (`attach_io`)
 
     # --- the API other threads use --------------------------------------------------------------
@@ -381,9 +382,11 @@ class Supervisor:
                 queues_before = self.queues.state()  # nor the queues' pauses and sizes
                 self._flush_outbox()  # the requests' commands to their processes
             with db.write(self.conn):
-                # Requests first, then the clock: a task submitted by a request is stamped before
-                # this tick's `now`, so created_at <= claimed_at <= started_at always holds.
-                answers = self._handoff.run_calls(self.conn)  # those that came since, if any
+                # Requests that came since wait for the next tick's own transaction (the loop's
+                # wake-up pipe says they are there): run here, their answer would wait behind this
+                # tick's claims and process starts. The clock is read after the requests' commit:
+                # a task submitted by a request is stamped before this tick's `now`, so
+                # created_at <= claimed_at <= started_at always holds.
                 now = self.clock() if now is None else now
                 self._note_shutdown(now)
                 timeout = self._tick(now)
@@ -434,6 +437,7 @@ class Supervisor:
         self._finished, self._dispatched, self._stops = [], [], []
         # What the rolled-back reads let the loop conclude may be untrue: look again.
         self._delayed_possible = True
+        self.keep_finished.undo()
         self._next_heartbeat = 0.0
 
     def _on_database_fault(self, kind: faults.Kind, exc: BaseException, now: float) -> float:
@@ -532,6 +536,7 @@ class Supervisor:
             self.idle.tick(now)
             for loops in self.loops.values():
                 loops.tick(now)
+            self._remove_finished(now)
         elif now >= self._shutdown_deadline:
             self._interrupt_all(now)
         if self.notifier.enabled:
@@ -539,6 +544,20 @@ class Supervisor:
             # took long, and the next ping must be spaced from when this one was sent.
             self.notifier.tick(self.clock(), self.summary())
         return self._next_timeout(now)
+
+    def _remove_finished(self, now: float) -> None:
+        """A chunk of `keep_finished`'s pass, when one is due; its logs go after the commit."""
+        try:
+            with db.savepoint(self.conn):
+                removed = self.keep_finished.tick(self.conn, now)
+        except Exception as exc:
+            if faults.classify(exc) is not None:
+                raise
+            log.exception("finished_runs_not_removed")  # a bug of ours: try again at the next pass
+            self.keep_finished.next_at = now + self.keep_finished.every
+            return
+        if removed is not None and removed.task_ids:
+            self._outbox.append(functools.partial(cleaning.remove_logs, self.settings.task_log, removed.task_ids))
 
     def summary(self) -> str:
         """One line for systemd's STATUS: what the daemon is doing."""
@@ -623,6 +642,8 @@ class Supervisor:
         for rt in self.running.values():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
         deadlines += self._loops_due
+        if self.keep_finished.next_at is not None and self._shutdown_deadline is None:
+            deadlines.append(self.keep_finished.next_at)
         if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()

@@ -18,10 +18,11 @@ payload = { input = "{download.output}", output = "{dir}/{name}.mp4" }
 
 String values of a payload may hold placeholders: `{param}` is filled when the run starts;
 `{task.key.path}` names a field of the result of `task`, one of this task's dependencies, and is
-filled when the task is dispatched (stored as `{@N.key.path}` until then, N being the position of
-that dependency in `depends_on`: a position survives a dependency resolved to an existing task
-by its idempotency key, where a name or a new id would not; so a task lists each dependency
-once). Only such a task's payload is read for `{@...}` at dispatch (`payload_refs`): a payload
+filled when the task is dispatched (stored as `{@N-task.key.path}` until then, N being the
+position of that dependency in `depends_on`: a position survives a dependency resolved to an
+existing task by its idempotency key, where a name or a new id would not; so a task lists each
+dependency once. The name is kept beside it only to show the payload as it was written
+(`as_written`); tasks stored before it was kept have `{@N.key.path}`). Only such a task's payload is read for `{@...}` at dispatch (`payload_refs`): a payload
 submitted as it is, or a parameter's value, is never taken for a placeholder. `{{` and `}}`
 stand for literal braces. An `idempotency_key` may use parameters, never results (the key must
 be known when the run is submitted). Everything is checked when the config loads.
@@ -113,7 +114,7 @@ def _fill_params(text: str, params: Mapping[str, str], deps: list[str]) -> str:
             return match.group(0)  # keep {{ and }} escaped until dispatch
         head, _, rest = name.partition(".")
         if rest:  # an upstream result, filled at dispatch
-            return "{@" + str(deps.index(head)) + "." + rest + "}"
+            return "{@" + f"{deps.index(head)}-{head}" + "." + rest + "}"
         return str(params[name]).replace("{", "{{").replace("}", "}}")
 
     return PLACEHOLDER.sub(replace, text)
@@ -130,6 +131,7 @@ def resolve_results(
 
     def lookup(name: str) -> Any:
         position, _, path = name[1:].partition(".")
+        position = position.partition("-")[0]  # the name after it is for people (`as_written`)
         if not position.isdigit() or int(position) >= len(depends_on):
             raise SubmissionRefused(f"{{{name}}} names no dependency of the task")
         task_id = depends_on[int(position)]
@@ -156,6 +158,23 @@ def resolve_results(
     if not any(p.startswith("@") for p in placeholders(payload)):
         return dict(payload)
     return _map_strings(dict(payload), fill)
+
+
+def as_written(payload: Any) -> Any:
+    """A stored payload as its template wrote it: `{@0-download.output}` is shown as
+    `{download.output}` (one stored without the name keeps its `{@0.output}`)."""
+
+    def show(text: str) -> str:
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name is None or not name.startswith("@"):
+                return match.group(0)
+            position, dash, rest = name[1:].partition("-")
+            return "{" + rest + "}" if dash and position.isdigit() else match.group(0)
+
+        return PLACEHOLDER.sub(replace, text)
+
+    return _map_strings(payload, show)
 
 
 def parse_all(data: Mapping[str, Any]) -> dict[str, Template]:

@@ -7,10 +7,15 @@ Result: `{"output": path, "bytes": n, "sha256": hex}`, plus `"skipped": true` wh
 already there (below).
 
 - An output that already exists: `can_skip` runs in the supervisor's loop, so it never reads the
-  file (hashing a large one would stall the loop): without a sha256 it skips the task when the
-  output exists with the payload's size, if given; with a sha256 it does not skip, and `execute`
-  hashes the existing output first: if it matches, the task ends at once without any request, else
-  the file is downloaded again.
+  file (hashing a large one would stall the loop) nor asks the network: without a sha256 it skips
+  the task when the output exists with the payload's size; with a sha256 it does not skip, and
+  `execute` hashes the existing output first: if it matches, the task ends at once without any
+  request, else the file is downloaded again. With neither, `execute` asks the server whether the
+  file changed, with the ETag and Last-Modified it gave last time (`executors.http_validators`,
+  kept beside the output): a 304 keeps the output (`"skipped": true`), a 200 brings the new file,
+  which replaces the output as any download does (`.part`, then a rename). An output with no such
+  validators (its server sent none, or the file was changed since) is downloaded again: keeping
+  it could keep a stale file for ever.
 
 - The output is locked while the task writes it (`executors.output_lock`): a second task for it
   pauses itself, "waiting for <output>", until the first is done. Data goes to `<output>.part`
@@ -57,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from daemon import models
-from executors import _http, _process, output_lock
+from executors import _http, _process, http_validators, output_lock
 from executors.base import ExecuteResult, TaskExecutor, check_keys
 
 if TYPE_CHECKING:
@@ -207,6 +212,9 @@ class _Transfer:
         self.tracker = _http.SocketTracker()
         self.opener = _http.opener(spec.url, self.tracker)
         self._reported: tuple[int, float] = (-1, 0.0)
+        self.conditional: dict[str, str] = {}  # If-None-Match etc., for a request from byte 0
+        self.not_modified = False  # the server answered the conditional request with 304
+        self.validators: tuple[str | None, str | None] = (None, None)  # ETag, Last-Modified of the file
 
     def run(self) -> ExecuteResult | None:
         """Download; None when the `.part` is complete, else the result to return."""
@@ -254,6 +262,8 @@ class _Transfer:
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **self.spec.headers}
         if offset:
             headers["Range"] = f"bytes={offset}-"
+        else:
+            headers.update(self.conditional)
         request = urllib.request.Request(self.spec.url, headers=headers)
         try:
             response = self.opener.open(request, timeout=self.spec.stall_timeout)
@@ -277,6 +287,9 @@ class _Transfer:
             response.close()
 
     def _http_error(self, exc: urllib.error.HTTPError, offset: int) -> bool:
+        if exc.code == 304 and self.conditional and not offset:
+            self.not_modified = True
+            return True
         if exc.code == 416 and offset:
             match = _UNSATISFIED_RANGE.match(exc.headers.get("Content-Range") or "")
             remote = int(match.group(1)) if match else None
@@ -309,6 +322,7 @@ class _Transfer:
             end = self.total = int(length) if length.isdigit() else None
         else:
             raise _Failure(f"unexpected HTTP status {status} {response.reason}", f"HTTP_{status}", retry=False)
+        self.validators = http_validators.from_headers(response.headers)
         hold = self.executor.pause_hold_seconds
         while True:
             if self.ctx.cancelled:
@@ -380,6 +394,8 @@ class DownloadExecutor(TaskExecutor):
             done = _existing_output(spec, ctx)
             if done is not None:
                 return done
+        # Neither a sha256 nor a size to vouch for an existing output: ask its server (below).
+        kept = http_validators.for_existing(spec.output, spec.url, ctx.log) if spec.sha256 is None and spec.size is None else None
         try:
             part = PartFile(spec.part)
         except BlockingIOError:
@@ -393,13 +409,22 @@ class DownloadExecutor(TaskExecutor):
                 return _process.cancelled_result()
             if part.size:
                 ctx.log.info("resuming from %d bytes already in %s", part.size, spec.part)
-            outcome = _Transfer(self, spec, part, ctx).run() or _verify(spec, part)
+            transfer = _Transfer(self, spec, part, ctx)
+            if kept is not None and not part.size:  # a .part is a newer download under way: resumed
+                transfer.conditional = kept.conditional_headers()
+            outcome = transfer.run()
+            if outcome is None and transfer.not_modified and kept is not None:
+                ctx.log.info("%s has not changed on the server (304): keeping it", spec.output)
+                return ExecuteResult(result={"output": str(spec.output), "bytes": kept.size, "sha256": kept.sha256,
+                                             "skipped": True})
+            outcome = outcome or _verify(spec, part)
             if outcome is not None:
                 return outcome
             os.fsync(part.fd)
             os.replace(spec.part, spec.output)  # still locked: nobody can touch it meanwhile
             renamed = True
             _fsync_dir(spec.output.parent)
+            http_validators.keep(spec.output, spec.url, transfer.validators, part.hasher.hexdigest(), ctx.log)
             return ExecuteResult(
                 result={"output": str(spec.output), "bytes": part.size, "sha256": part.hasher.hexdigest()}
             )
@@ -411,22 +436,23 @@ class DownloadExecutor(TaskExecutor):
             part.close(remove=not renamed and (corrupt or part.size == 0))
 
     def can_skip(self, task: Task) -> bool:
-        """True when the output exists with the payload's size (if given) and there is no sha256.
+        """True when the output exists with the payload's size and there is no sha256.
 
-        It runs in the supervisor's loop, so it never reads the file: a sha256 is checked by
-        `execute`, in the executor's process, which then ends at once if the output matches.
+        It runs in the supervisor's loop, so it never reads the file nor asks the server: a sha256
+        is checked by `execute`, in the executor's process, which then ends at once if the output
+        matches; with neither a sha256 nor a size, `execute` asks the server whether it changed.
         """
         try:
             spec = DownloadSpec.from_payload(task.payload)
         except _process.PayloadError:
             return False  # execute reports the problem
-        if spec.sha256 is not None:
+        if spec.sha256 is not None or spec.size is None:
             return False
         try:
             info = spec.output.stat()
         except OSError:
             return False
-        return stat.S_ISREG(info.st_mode) and (spec.size is None or info.st_size == spec.size)
+        return stat.S_ISREG(info.st_mode) and info.st_size == spec.size
 
     def skipped_result(self, task: Task) -> dict[str, Any]:
         """What a skipped download's dependents read: its output, and its size."""

@@ -368,8 +368,7 @@ def test_a_busy_daemon_answers_before_its_client_gives_up() -> None:
 def test_every_operation_has_a_handler_that_takes_what_the_protocol_says() -> None:
     # The protocol's table of operations and the handlers' signatures must agree: an argument
     # the protocol lets through reaches the handler, required exactly where it has no default.
-    handlers = {name[3:]: getattr(operations.Handlers, name) for name in dir(operations.Handlers)
-                if name.startswith("op_")}
+    handlers = {name[3:]: handler for name, handler in inspect.getmembers(operations.Handlers) if name.startswith("op_")}
     assert set(handlers) == set(protocol.OPERATIONS)
     for op, operation in protocol.OPERATIONS.items():
         parameters = dict(inspect.signature(handlers[op]).parameters)

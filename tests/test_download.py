@@ -500,7 +500,8 @@ def test_can_skip_never_reads_the_output(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr("executors.download.sha256_of", no_hashing)
     assert not skip() and not skip(size=0)
     output.write_bytes(DATA)
-    assert skip() and skip(size=SIZE)
+    assert skip(size=SIZE)
+    assert not skip()  # neither size nor sha256: execute asks the server whether it changed
     assert not skip(size=SIZE + 1) and not skip(sha256="bad")
     assert not skip(sha256=DATA_SHA) and not skip(sha256=DATA_SHA, size=SIZE)  # execute checks it
     # What the tasks that depend on a skipped download read, e.g. "{download.output}".
@@ -536,10 +537,10 @@ def test_end_to_end_through_the_supervisor(server: FileServer, tmp_path: Path) -
         assert task.status is TaskStatus.COMPLETED and task.progress == 100
         assert task.result == {"output": task_payload["output"], "bytes": SIZE, "sha256": DATA_SHA}
         requests = len(server.requests)
-        # With a sha256 the executor checks the existing output; without one, can_skip skips the task.
+        # With a sha256 the executor checks the existing output; with only a size, can_skip skips the task.
         again = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", task_payload))
         assert again.status is TaskStatus.COMPLETED and again.result == {**task.result, "skipped": True}
-        unverified = {k: v for k, v in task_payload.items() if k != "sha256"}
+        unverified = {**{k: v for k, v in task_payload.items() if k != "sha256"}, "size": SIZE}
         skipped = media.wait_ended(sup, media.submit(sup, "DOWNLOAD", unverified))
         assert skipped.status is TaskStatus.COMPLETED
         assert skipped.result == {"skipped": True, "output": task_payload["output"], "bytes": SIZE}

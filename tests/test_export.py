@@ -69,14 +69,39 @@ def test_bad_requests_are_one_line_and_write_no_rows(tmp_path: Path) -> None:
     assert missing.exit_code == 1 and missing.stdout == ""
     assert missing.stderr.strip() == f"error: no database at {tmp_path}/fredica.db"
     three_tasks(tmp_path)
-    wrong = CliRunner().invoke(cli.main, ["--config", str(config), "export", "--status", "waiting"])
-    assert wrong.exit_code == 1 and wrong.stdout == "" and "unknown status 'waiting'" in wrong.stderr
+    wrong = CliRunner().invoke(cli.main, ["--config", str(config), "export", "--status", "nope"])
+    assert wrong.exit_code == 1 and wrong.stdout == "" and "unknown status 'nope'" in wrong.stderr
     (tmp_path / "other.db").write_bytes(b"")
     os.replace(tmp_path / "other.db", tmp_path / "fredica.db")
     for suffix in ("-wal", "-shm"):
         (tmp_path / f"fredica.db{suffix}").unlink(missing_ok=True)
     empty = CliRunner().invoke(cli.main, ["--config", str(config), "export"])
     assert empty.exit_code == 1 and "not a fredica database" in empty.stderr
+
+
+def test_a_run_is_named_by_a_prefix_an_unknown_one_refused_and_no_file_is_left(tmp_path: Path) -> None:
+    ids = three_tasks(tmp_path)
+    conn = db.open_database(tmp_path / "fredica.db")
+    run_id = tasks.get(conn, ids[0]).workflow_run_id
+    conn.close()  # the last connection: the -wal and -shm files go with it
+    config = config_for(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    by_prefix = CliRunner().invoke(cli.main, ["--config", str(config), "export", "--run", run_id[:6]])
+    assert by_prefix.exit_code == 0, by_prefix.output
+    assert [json.loads(line)["id"] for line in by_prefix.stdout.splitlines()] == ids
+    unknown = CliRunner().invoke(cli.main, ["--config", str(config), "export", "--run", "nope"])
+    assert (unknown.exit_code, unknown.stdout, unknown.stderr) == (1, "", "error: no workflow run has id nope\n")
+    assert sorted(os.listdir(tmp_path)) == before  # mode=ro alone would leave a -wal and a -shm
+
+
+def test_status_takes_the_words_ls_takes(tmp_path: Path) -> None:
+    ids = three_tasks(tmp_path)  # the first completed, the others pending
+    config = str(config_for(tmp_path))
+    waiting = CliRunner().invoke(cli.main, ["--config", config, "export", "--status", "waiting"])
+    assert waiting.exit_code == 0, waiting.output
+    assert [json.loads(line)["id"] for line in waiting.stdout.splitlines()] == ids[1:]
+    both = CliRunner().invoke(cli.main, ["--config", config, "export", "--status", "waiting", "--status", "completed"])
+    assert [json.loads(line)["id"] for line in both.stdout.splitlines()] == ids
 
 
 def test_a_held_task_says_so(tmp_path: Path) -> None:

@@ -270,6 +270,24 @@ def test_a_dependency_id_in_capitals_names_the_same_task(conn: sqlite3.Connectio
     assert tasks.get(conn, second.id).depends_on == (first.id,) == (line_id.lower(),)
 
 
+def test_a_dependency_named_by_a_prefix_is_stored_by_its_whole_id(conn: sqlite3.Connection) -> None:
+    # SPEC §14: wherever a task id is taken, a unique prefix of 4+ characters will do.
+    twins = [f"abcd1234-{n}{n}{n}{n}-4000-8000-000000000000" for n in (1, 2)]
+    submit(conn, [{"type": "A", "id": twin} for twin in twins])
+    (downstream,) = submit(conn, [{"type": "B", "depends_on": ["abcd1234-2"]}]).tasks
+    assert tasks.get(conn, downstream.id).depends_on == (twins[1],)
+    (single,) = submit(conn, [{"type": "A"}]).tasks
+    (again,) = submit(conn, [{"type": "B", "depends_on": [single.id[:6], single.id]}]).tasks
+    assert tasks.get(conn, again.id).depends_on == (single.id,)  # one dependency, however named
+    before = row_counts(conn)
+    with pytest.raises(SubmissionRefused) as ambiguous:
+        submit(conn, [{"type": "B", "depends_on": ["abcd1234"]}])
+    assert ambiguous.value.message.startswith("dependency id abcd1234 is ambiguous: it matches task ")
+    with pytest.raises(SubmissionRefused, match="^unknown dependency abc: no task or earlier line"):
+        submit(conn, [{"type": "B", "depends_on": ["abc"]}])
+    assert row_counts(conn) == before
+
+
 def test_repeated_dependency_is_stored_once(conn: sqlite3.Connection) -> None:
     a, b = submit(conn, [{"type": "A", "key": "a"}, {"type": "B", "depends_on": ["a", "a"]}]).tasks
     assert tasks.get(conn, b.id).depends_on == (a.id,)

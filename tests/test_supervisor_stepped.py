@@ -334,42 +334,32 @@ def test_a_committed_queue_pause_survives_a_rollback_of_the_rest_of_its_tick(
     assert s.sup.queues.paused == {"default"} == queue_store.paused(s.sup.conn)
 
 
-def test_a_refused_cancel_does_not_relabel_an_attempt_that_ended_in_its_tick(
+def test_a_request_that_arrives_during_a_tick_waits_for_the_next_requests_transaction(
     stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Run in the tick's main transaction, its answer would wait behind that tick's claims and
+    # process starts (and be refused with them if they failed).
     s = stepped()
     s.at(1.0)
-    task_id = s.submit("ECHO", max_retries=3)
-    s.at(2.0)
-    s.process(task_id).result(error="boom", error_type="EXCEPTION")
-    fail_once(monkeypatch, "claim_ready")
+    task_id = s.submit("ECHO")
     answer: list[Any] = []
-
-    def client() -> None:
-        try:
-            answer.append(s.sup.cancel(task_id))
-        except BaseException as exc:  # noqa: BLE001 (the refusal is what the test looks at)
-            answer.append(exc)
-
-    caller = threading.Thread(target=client)
+    caller = threading.Thread(target=lambda: answer.append(s.sup.cancel(task_id)))
     caller.start()
     wait_for(s.sup._handoff.pending, timeout=5)
-    # The cancel arrives after the tick's first look: the main transaction runs it, reads the
-    # attempt's failure in the same tick, and is rolled back at the claim.
     real_pending, looks = s.sup._handoff.pending, [0]
 
-    def pending() -> int:
+    def pending() -> int:  # the cancel arrives just after the tick's first look
         looks[0] += 1
         return 0 if looks[0] == 1 else real_pending()
 
     monkeypatch.setattr(s.sup._handoff, "pending", pending)
-    s.sup.tick(3.0)
+    commits = s.sup.commits()
+    s.sup.tick(2.0)
+    assert s.sup.commits() == commits + 1 and real_pending() == 1 and not answer  # not part of it
+    s.sup.tick(3.0)  # the requests' own transaction first, then the tick's
     caller.join(5)
-    assert isinstance(answer[0], faults.DatabaseFault)  # "nothing was changed"
-    monkeypatch.setattr(s.sup._handoff, "pending", real_pending)
-    s.at(100.0)
-    task = s.task(task_id)
-    assert task.status is not TaskStatus.CANCELLED and task.retry_count == 1  # retried, as without the cancel
+    # Started by the tick it arrived in, it is asked to stop now.
+    assert s.sup.commits() == commits + 3 and answer and answer[0].stopping == (task_id,)
 
 
 def test_an_event_loop_process_whose_channel_breaks_after_every_result_is_ended_and_they_conclude(

@@ -42,7 +42,8 @@ def test_instantiate_fills_params_and_orders_dependencies_first() -> None:
     assert first.key == "first" and first.payload == {"word": "hi!", "literal": "{not a param}"}
     assert first.max_retries == 2 and first.priority == 4
     assert second.depends_on == ("first",)
-    assert second.payload["quoted"] == "{@0.echo.word}"
+    assert second.payload["quoted"] == "{@0-first.echo.word}"  # by position; the name for people
+    assert templates.as_written(second.payload)["quoted"] == "{first.echo.word}"
     assert template.instantiate({"word": "x", "suffix": "?"})[0].payload["word"] == "x?"
 
 
@@ -76,7 +77,7 @@ def test_dependencies_keep_their_positions_when_two_are_one_task(tmp_path: Path)
     a, b, c = tasks.submit(conn, specs, now=1.0).tasks
     assert a.id == b.id and not b.created
     stored = tasks.get(conn, c.id)
-    assert stored.depends_on == (a.id, a.id) and stored.payload == {"x": "{@1.echo}"}
+    assert stored.depends_on == (a.id, a.id) and stored.payload == {"x": "{@1-b.echo}"}
     assert templates.resolve_results(stored.payload, stored.depends_on, {a.id: {"echo": 7}}) == {"x": 7}
     unmet = conn.execute("SELECT unmet_deps FROM task WHERE id = ?", (c.id,)).fetchone()[0]
     assert unmet == 1  # one task to wait for, however often it is named
@@ -92,7 +93,7 @@ def test_missing_and_unknown_params_are_refused() -> None:
 
 
 def test_resolve_results_at_dispatch() -> None:
-    payload = {"whole": "{@0.n}", "text": "n={@0.n}, {{braces}}", "nested": ["{@1.a.b}"]}
+    payload = {"whole": "{@0.n}", "text": "n={@0-up.n}, {{braces}}", "nested": ["{@1.a.b}"]}
     resolved = templates.resolve_results(payload, ["t0", "t1"], {"t0": {"n": 3}, "t1": {"a": {"b": "deep"}}})
     assert resolved == {"whole": 3, "text": "n=3, {braces}", "nested": ["deep"]}
     with pytest.raises(SubmissionRefused, match="has no field 'missing'"):

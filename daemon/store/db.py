@@ -46,6 +46,28 @@ def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: floa
     return conn
 
 
+def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
+    """A connection that can only read the database at `path` and leaves no file behind, for
+    reading it with no daemon running. FileNotFoundError when there is no database there.
+
+    SQLite's `mode=ro` on a WAL database creates the -wal and -shm files when they are missing
+    (the daemon's last connection deletes them as it closes), and a read-only connection cannot
+    delete them again. Without a -wal file, everything committed is in the database file itself,
+    which in WAL mode changes only at checkpoints: it is read as `immutable`, which needs neither
+    file. With a -wal (a daemon that was killed, or is starting) its commits must be read: then
+    `mode=ro` reads them, through a -shm that SQLite creates if it is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(str(path))
+    immutable = "&immutable=1" if not Path(f"{path}-wal").exists() else ""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, isolation_level=None,
+                           timeout=busy_timeout, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
     # Switching to WAL needs an exclusive lock, and SQLite does not apply the busy handler to it:
     # several processes opening a new file at once can see "database is locked". WAL is persistent,

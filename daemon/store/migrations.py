@@ -232,12 +232,24 @@ QUEUES = Migration(
     ),
 )
 
-# 8: held tasks (SPEC §14). "Held" is a flag of a pending task, as "paused" is of a running one,
+# 8: removing finished runs (`fredica clean`, `keep_finished`, daemon/store/cleaning.py). Their
+# dependency edges are found by the dependent's end too (the primary key serves only the upstream
+# end), and the runs old enough by their finish time, oldest first, without a scan of every run.
+CLEANING = Migration(
+    8,
+    "cleaning: dependency edges by dependent, runs by finish time",
+    (
+        "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
+        "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
+    ),
+)
+
+# 9: held tasks (SPEC §14). "Held" is a flag of a pending task, as "paused" is of a running one,
 # not a status of its own: the run's status, the transitions and the counters stay as they are. A
 # held task leaves the ready index, as a delayed retry does, so claiming never walks past held
 # tasks however many there are; releasing it puts it back.
 HELD_TASKS = Migration(
-    8,
+    9,
     "held tasks out of the ready index",
     (
         "ALTER TABLE task ADD COLUMN is_held INTEGER NOT NULL DEFAULT 0",
@@ -250,7 +262,8 @@ HELD_TASKS = Migration(
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
-    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, HELD_TASKS,
+    SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
+    HELD_TASKS,
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -12,8 +12,9 @@ import sqlite3
 import uuid
 from typing import Mapping, Sequence
 
-from daemon.errors import SubmissionRefused
+from daemon.errors import AmbiguousId, IdTooShort, SubmissionRefused, UnknownTask
 from daemon.models import TaskStatus
+from daemon.store import ids as id_store
 from daemon.store import runs, statuses
 from daemon.store.db import write
 from daemon.submission import TaskSpec, resolve_batch
@@ -81,7 +82,10 @@ def insert_run(
     """
     resolved = resolve_batch(specs)
     with write(conn):
-        external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
+        full, external = _lookup_dependencies(conn, {d.task_id for deps in resolved for d in deps if d.task_id})
+        if any(given != whole for given, whole in full.items()):  # a prefix: stored as the whole id
+            resolved = [[dataclasses.replace(d, task_id=full[d.task_id]) if d.task_id else d for d in deps]
+                        for deps in resolved]
         # Counted as if every spec made a task (the common case: no statement to count them after);
         # corrected below when some resolved to active tasks instead.
         run_id = runs.create(conn, template=template, material_id=material_id, now=now, tasks=len(specs))
@@ -125,18 +129,32 @@ def insert_run(
     return StoredRun(Submission(run_id if created else None, tuple(outcomes)), tuple(doomed))
 
 
-def _lookup_dependencies(conn: sqlite3.Connection, task_ids: set[str]) -> dict[str, tuple[int, TaskStatus]]:
-    found: dict[str, tuple[int, TaskStatus]] = {}
-    ids = sorted(task_ids)
+def _lookup_dependencies(
+    conn: sqlite3.Connection, given: set[str]
+) -> tuple[dict[str, str], dict[str, tuple[int, TaskStatus]]]:
+    """The stored tasks that dependencies name: each id as given → the task's full id (a unique
+    prefix resolved, SPEC §14), and each full id → its (seq, status). Refused in one line when
+    one names no task, or is an ambiguous prefix."""
+    found = {row["id"]: (row["seq"], TaskStatus(row["status"])) for row in _rows_with_ids(conn, given)}
+    full = {task_id: task_id for task_id in found}
+    for task_id in sorted(given - set(found)):  # not a whole id: a prefix, or nothing
+        try:
+            full[task_id] = id_store.task_id(conn, task_id)
+        except (UnknownTask, IdTooShort):
+            raise SubmissionRefused(f"unknown dependency {task_id}: no task or earlier line has that id or key") from None
+        except AmbiguousId as exc:
+            raise SubmissionRefused(f"dependency {exc.message}") from None
+    found.update((row["id"], (row["seq"], TaskStatus(row["status"])))
+                 for row in _rows_with_ids(conn, set(full.values()) - set(found)))
+    return full, found
+
+
+def _rows_with_ids(conn: sqlite3.Connection, task_ids: set[str]) -> list[sqlite3.Row]:
+    ids, rows = sorted(task_ids), []
     for start in range(0, len(ids), 500):  # stay below SQLite's bound-parameter limit
         chunk = ids[start : start + 500]
-        sql = f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})"
-        for row in conn.execute(sql, chunk):
-            found[row["id"]] = (row["seq"], TaskStatus(row["status"]))
-    for task_id in ids:
-        if task_id not in found:
-            raise SubmissionRefused(f"unknown dependency {task_id}: no task or earlier line has that id or key")
-    return found
+        rows += conn.execute(f"SELECT id, seq, status FROM task WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+    return rows
 
 
 def _insert(

@@ -95,6 +95,12 @@ def filters(
     return clauses, params
 
 
+def status_where(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The SQL condition, and its parameters, that keeps the tasks in any of the status `words`
+    as `list_tasks` filters them: for the readers of the task table outside this module (`export`)."""
+    return status_clause(words)
+
+
 def status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
     """The WHERE clause for status words, as people see them (SPEC §14): `waiting` is a claimed
     task or a pending one not held, `held` a pending task that is held, `paused` a running task
