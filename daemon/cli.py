@@ -8,25 +8,23 @@ need them, never here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import click
 
-from daemon import client, config, models, render, specs_input
+from daemon import client, config, listing, models, render, specs_input
 from daemon.errors import FredicaError, WaitTimedOut
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
 FOLLOW_POLL = 0.2  # how often `logs -f` looks for new lines
 FOLLOW_RECHECK = 1.0  # how often `logs -f ID` asks whether the task is still active
-WATCH_INTERVAL = 0.5  # how often `watch` refreshes
-ACTIVE_STATUSES = models.in_order(models.ACTIVE_STATUSES)  # as `ls` is asked for them
 _CONFIG = "fredica.config"
 _CLIENT = "fredica.client"
 _SETTINGS = "fredica.settings"
@@ -125,6 +123,36 @@ def call(op: str, **args: Any) -> Any:
             meta[_NOTED_DOWN] = True
             click.echo("daemon not running" + (f": read from {settings().database}" * answer.read_database), err=True)
         return answer.data
+
+
+def stream(op: str, **args: Any) -> client.Streamed:
+    """A streamed read (`ls_pages`), as `call` does a request: from the database, read-only,
+    when no daemon runs."""
+    streamed = daemon_client().stream(op, **args)
+    pages = iter(streamed.pages)
+    try:
+        first = next(pages, None)  # the request goes out with the first page's read
+    except client.DaemonNotRunning as exc:
+        from daemon import offline
+
+        answers = offline.pages(settings(), op, args, exc)
+        first_answer = next(answers)  # a refusal (an unknown run, no database) comes before any output
+        if not click.get_current_context().meta.get(_NOTED_DOWN):
+            click.get_current_context().meta[_NOTED_DOWN] = True
+            click.echo(f"daemon not running: read from {settings().database}", err=True)
+        offline_streamed = client.Streamed()
+
+        def offline_pages() -> Any:
+            page = first_answer
+            for following in answers:
+                yield page.data
+                page = following
+            offline_streamed.final = page.data  # the last answer: what the last frame says besides its items
+
+        offline_streamed.pages = offline_pages()
+        return offline_streamed
+    streamed.pages = itertools.chain([] if first is None else [first], pages)
+    return streamed
 
 
 def daemon_down() -> bool:
@@ -294,25 +322,69 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
 )
 @click.option("--run", "run_id", metavar="ID", help="Only the tasks of this workflow run.")
 @click.option("--type", "task_type", metavar="T", help="Only tasks of this type (any case).")
-@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N tasks.")
+@click.option("--since", metavar="WHEN", help="Only tasks submitted since: 30s, 10m, 2h, 7d, 1w, or an ISO time.")
+@click.option(
+    "--sort",
+    type=click.Choice(models.TASK_SORTS),
+    help="submitted (newest first, the default), priority (claim order), status, type, duration (longest first).",
+)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help=f"At most N tasks (default {listing.DEFAULT_LIMIT}).")
+@click.option("--all", "show_all", is_flag=True, help="Every task that matches.")
 @json_option
-def list_tasks(
-    status: Sequence[str], run_id: str | None, task_type: str | None, limit: int | None, as_json: bool
-) -> None:
-    """List tasks."""
+def list_tasks(status: Sequence[str], run_id: str | None, task_type: str | None, since: str | None,
+               sort: str | None, limit: int | None, show_all: bool, as_json: bool) -> None:
+    """List tasks, newest first: the last 50 unless --limit or --all.
+
+    --json prints every task that matches (unless --limit), as a JSON array written as the
+    daemon sends it, a page at a time."""
+    if show_all and limit is not None:
+        raise click.UsageError("--limit and --all cannot be combined")
+    now = time.time()
     args: dict[str, Any] = {}
     if status:
         args["status"] = status[0] if len(status) == 1 else list(status)
-    for key, value in (("run", run_id), ("type", task_type), ("limit", limit)):
+    if since is not None:
+        try:
+            args["since"] = listing.parse_since(since, now)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
+    if limit is None and not show_all and not as_json:
+        limit = listing.DEFAULT_LIMIT
+    for key, value in (("run", run_id), ("type", task_type), ("sort", sort), ("limit", limit)):
         if value is not None:
             args[key] = value
-    tasks = call("ls", **args)
     if as_json:
-        echo_json(tasks)
-    elif tasks:
-        echo_lines(render.task_table(tasks, time.time()))
-    else:
+        _echo_json_stream(stream("ls_pages", **args).pages)
+        return
+    listed = stream("ls_pages", total=True, **args)
+    pages = iter(listed.pages)
+    first = next(pages, [])
+    if not first:
         click.echo("no tasks")
+        return
+    table = listing.TaskTable(first, now, listing.terminal_width())
+    shown = len(first)
+    echo_lines([table.header(), *table.lines(first)])
+    for page in pages:
+        shown += len(page)
+        echo_lines(table.lines(page))
+    more = listing.more_line(int(listed.final.get("total") or 0), shown)
+    if more is not None:
+        click.echo(more)
+
+
+def _echo_json_stream(pages: Iterable[Sequence[Any]]) -> None:
+    """A JSON array as `echo_json` prints it, written a page at a time as the pages come (one
+    write each: click flushes every echo): a listing of any length, held one page at a time."""
+    opened = False
+    for page in pages:
+        parts = []
+        for item in page:
+            text = json.dumps(item, indent=2, ensure_ascii=False)
+            parts.append(("[\n" if not opened else ",\n") + "\n".join("  " + line for line in text.split("\n")))
+            opened = True
+        click.echo("".join(parts), nl=False)
+    click.echo("\n]" if opened else "[]")
 
 
 @command(main, "runs")
@@ -367,16 +439,26 @@ def clean(older_than: float, status: str | None, dry_run: bool, as_json: bool) -
 @json_option
 def show(target_id: str, as_json: bool) -> None:
     """Show one task or workflow run in full."""
-    reply = call("show", id=target_id)
+    # A run's tasks: all of them for a script, the first 50 and the counts of all for people.
+    reply = call("show", id=target_id) if as_json else call("show", id=target_id, tasks_limit=listing.DEFAULT_LIMIT)
     obj = reply["object"]
     if as_json:
         echo_json(obj)
         return
-    echo_lines(render.details(obj))
+    echo_lines(render.details(obj, skip=("tasks", "task_counts")))
     if reply.get("kind") == "run":
-        click.echo("")
         tasks = obj.get("tasks") or []
-        echo_lines(render.task_table(tasks, time.time()) if tasks else ["no tasks"])
+        click.echo(listing.counts_line(obj.get("task_counts") or {}))
+        click.echo("")
+        if not tasks:
+            click.echo("no tasks")
+            return
+        table = listing.TaskTable(tasks, time.time(), listing.terminal_width())
+        echo_lines([table.header(), *table.lines(tasks)])
+        more = listing.more_line(int(obj.get("total_tasks") or 0), len(tasks),
+                                 f"fredica ls --run {render.short_id(obj['id'])} --all")
+        if more is not None:
+            click.echo(more)
 
 
 @command(main)
@@ -418,81 +500,24 @@ def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
         log.close()
 
 
-class WatchScreen:
-    """Where `watch` draws: redrawn in place on a terminal, one line per change otherwise."""
-
-    def __init__(self, tty: bool) -> None:
-        self.tty = tty
-        self.live_lines = 0
-        self.shown: dict[str, tuple[str, int]] = {}
-
-    def update(self, finished: Sequence[dict[str, Any]], active: Sequence[dict[str, Any]]) -> None:
-        """Print the tasks that just finished (once, for good) and the active ones."""
-        if not self.tty:
-            for task in [*finished, *active]:
-                state = (render.display_status(task), int(task.get("progress") or 0))
-                if self.shown.get(task["id"]) != state:
-                    self.shown[task["id"]] = state
-                    click.echo(render.progress_line(task))
-            return
-        width = shutil.get_terminal_size().columns
-        # Move to the first live line and clear to the end of the screen, then draw again;
-        # lines are cut to the width so that none wraps and the count stays true.
-        out = [f"\x1b[{self.live_lines}A\r\x1b[J"] if self.live_lines else []
-        out += [render.progress_line(task)[: width - 1] + "\n" for task in [*finished, *active]]
-        self.live_lines = len(active)
-        click.echo("".join(out), nl=False, color=True)  # color=True: keep the escapes
-
-
-def _watch_snapshot(target: str | None, known: dict[str, dict[str, Any]]) -> bool:
-    """Refresh `known` (task id → latest task dict); True when nothing watched is active."""
-    if target is not None:
-        reply = call("show", id=target)
-        obj = reply["object"]
-        tasks = (obj.get("tasks") or []) if reply.get("kind") == "run" else [obj]
-        known.update((task["id"], task) for task in tasks)
-        return all(task.get("status") in models.TERMINAL_STATUSES for task in tasks)
-    active = call("ls", status=ACTIVE_STATUSES)
-    ids = {task["id"] for task in active}
-    for task_id, task in list(known.items()):
-        if task_id not in ids and task.get("status") in models.ACTIVE_STATUSES:
-            # It left the active list: ask how it ended.
-            try:
-                known[task_id] = call("show", id=task_id)["object"]
-            except FredicaError:
-                known[task_id] = dict(task, status="unknown")
-    known.update((task["id"], task) for task in active)
-    return not active
-
-
 @command(main)
 @click.argument("target", metavar="[ID]", required=False)
 def watch(target: str | None) -> None:
-    """Live progress bars of tasks until they end.
+    """Live progress bars of tasks until they end, as many as fit.
 
-    Without ID: every waiting and running task. With ID: that task, or that run's tasks.
+    Without ID: the running tasks, then the waiting ones, as many as fit. With ID: that task, or that run's tasks.
     """
+    from daemon import watching
+
     # Live progress needs the daemon: read from a database that nothing changes, it would never end.
     click.get_current_context().meta[_LIVE_ONLY] = True
-    screen = WatchScreen(tty=sys.stdout.isatty() and os.environ.get("TERM") != "dumb")
-    known: dict[str, dict[str, Any]] = {}
-    printed: set[str] = set()
+    tty = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
     try:
-        while True:
-            done = _watch_snapshot(target, known)
-            tasks = sorted(known.values(), key=lambda task: task.get("seq") or 0)
-            active = [task for task in tasks if task.get("status") in models.ACTIVE_STATUSES]
-            finished = [t for t in tasks if t.get("status") not in models.ACTIVE_STATUSES and t["id"] not in printed]
-            printed.update(task["id"] for task in finished)
-            screen.update(finished, active)
-            if done:
-                break
-            _sleep(WATCH_INTERVAL)
+        completed = watching.run(daemon_client(), target, tty, _sleep)
     except KeyboardInterrupt:
         click.echo("")
         return
-    click.echo(render.outcome_summary(known.values()))
-    if target is not None and not render.all_completed(known.values()):
+    if target is not None and not completed:
         raise SystemExit(EXIT_REFUSED)  # as `fredica wait`: a script learns that one did not complete
 
 

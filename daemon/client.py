@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from daemon import errors, models, protocol
 from daemon.errors import DaemonNotRunning, DaemonUnreachable, RemoteError  # noqa: F401 (their old home: the CLI's and scripts')
@@ -103,8 +103,21 @@ class Client:
         return reply["object"]
 
     def list(self, **filters: Any) -> list[dict[str, Any]]:
-        """Tasks, as `fredica ls --json`; filters: status (one or a list), run, type, limit."""
+        """Tasks in submission order, in one reply; filters: status (one or a list), run, type,
+        limit. `stream("ls_pages", ...)` reads them as `fredica ls --json` does: newest first (or
+        `sort=`), `since=` a Unix time, a page at a time."""
         return self.call("ls", **filters)
+
+    def stream(self, op: str, **args: Any) -> Streamed:
+        """A streamed operation's items (`protocol.Operation.streams`: `ls_pages`), read a frame at
+        a time as they are iterated, so that a listing of any length costs one page of memory.
+        The connection is this stream's until it is read to its end (or closed, which drops it)."""
+        operation, frame = self._request(op, args)
+        if not operation.streams:
+            raise protocol.ProtocolError(f"{op} is not a streamed operation: call() it")
+        streamed = Streamed()
+        streamed.pages = self._pages(frame, operation, streamed)
+        return streamed
 
     def status(self) -> dict[str, Any]:
         """The daemon's health, as `fredica status --json`."""
@@ -197,17 +210,58 @@ class Client:
         string that is not text (NotText). Raises DaemonUnreachable when nothing answers, and the
         daemon's own error class when it refuses.
         """
+        operation, frame = self._request(op, args)
+        if operation.streams:  # all of it, joined (`stream` reads it a page at a time)
+            return [item for item in self.stream(op, **args)]
+        with self._turn:
+            return _unwrap(self._exchange(frame, operation))
+
+    @staticmethod
+    def _request(op: str, args: Mapping[str, Any]) -> tuple[protocol.Operation, bytes]:
         operation = protocol.OPERATIONS.get(op)
         if operation is None:
             raise protocol.ProtocolError(f"unknown request {protocol.shown(op)}")
         operation.check(args)
         try:
-            frame = protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST)
+            return operation, protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST)
         except protocol.NotText:
             # Said of the arguments the caller gave, not of the frame built around them.
             raise protocol.NotText(f"{op} not sent: {protocol.non_text(args)} ({protocol.NOT_TEXT})") from None
+
+    def _pages(self, frame: bytes, operation: protocol.Operation, streamed: Streamed) -> Iterator[list[Any]]:
+        """Each page of a streamed reply as its frame arrives; the last frame's other keys into
+        `streamed.final`. A stream left before its end leaves frames unread: the connection goes."""
         with self._turn:
-            return _unwrap(self._exchange(frame, operation))
+            ended = False
+            try:
+                data = _unwrap(self._exchange(frame, operation))
+                while True:
+                    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+                        raise protocol.ProtocolError("the daemon's reply is malformed: a page without items")
+                    yield data["items"]
+                    if not data.get("more"):
+                        ended = True
+                        streamed.final = {key: value for key, value in data.items() if key not in ("items", "more")}
+                        return
+                    data = _unwrap(self._next_frame(operation))
+            finally:
+                if not ended:
+                    self._disconnect()
+
+    def _next_frame(self, operation: protocol.Operation) -> dict[str, Any]:
+        """The next frame of a streamed reply under way."""
+        assert self._sock is not None
+        try:
+            return protocol.read_frame(self._sock, protocol.MAX_REPLY, self._frames)
+        except TimeoutError:
+            self._disconnect()
+            raise DaemonUnreachable(self._maybe_done(operation, f"stopped answering for {self.timeout:g}s")) from None
+        except (protocol.ConnectionClosed, ConnectionResetError, BrokenPipeError):
+            self._disconnect()
+            raise DaemonUnreachable(self._maybe_done(operation, "closed the connection in the middle of a reply")) from None
+        except protocol.ProtocolError as exc:
+            self._disconnect()
+            raise protocol.ProtocolError(f"the daemon's reply is malformed: {exc.message}") from None
 
     def close(self) -> None:
         """Close the connection (the next call opens another)."""
@@ -305,6 +359,25 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise TimeoutError from None
                 time.sleep(CONNECT_RETRY)
+
+
+class Streamed:
+    """The items of a streamed reply, iterated as they arrive; `final` holds what its last frame
+    says besides them (`total`), once iterated to the end."""
+
+    def __init__(self) -> None:
+        self.pages: Iterator[list[Any]] = iter(())
+        self.final: dict[str, Any] = {}
+
+    def __iter__(self) -> Iterator[Any]:
+        for page in self.pages:
+            yield from page
+
+    def close(self) -> None:
+        """Stop reading (the rest of the reply is dropped with the connection)."""
+        close = getattr(self.pages, "close", None)
+        if close is not None:
+            close()
 
 
 def _check_fields(fields: Mapping[str, Any]) -> None:

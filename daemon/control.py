@@ -25,6 +25,10 @@ ready, and writes the replies of the requests it has just committed at once (`fl
 request then costs no thread switch at all: read, run, committed and answered by one thread, which
 is what makes a submit take a fraction of a millisecond (a switch between two threads that share
 the interpreter costs more than the insert). Nothing here blocks: every socket is non-blocking.
+
+A streamed reply (`protocol.Pages`, `ls_pages`) is written a frame at a time, each frame made on
+a handler thread once the one before has gone out: a listing of any length holds one page in
+memory, a slow reader only slows itself, and no page is ever read on the I/O thread (the loop's).
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class Connection:
         # A write handed to the loop (`writes_to_loop`), until its answer is taken; `op` is its name.
         self.pending: concurrent.futures.Future[Any] | None = None
         self.op = ""
+        # A streamed reply whose next frame is still to be made (None while a handler makes it).
+        self.stream: protocol.Pages | None = None
         self.events = 0  # what the selector watches it for
         self.closed = False
 
@@ -142,14 +148,16 @@ class ControlServer:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         # Replies to write (None: close), or the answered futures of writes handed to the loop.
-        self._replies: queue.SimpleQueue[tuple[Connection, bytes | concurrent.futures.Future[Any] | None]] = (
-            queue.SimpleQueue())
+        # A streamed reply's frame comes with the stream still to be written (None: its last).
+        self._replies: queue.SimpleQueue[tuple[Connection, bytes | tuple[bytes, protocol.Pages | None]
+                                               | concurrent.futures.Future[Any] | None]] = queue.SimpleQueue()
         self._hand_over: HandOver | None = None
         self.call_timeout = 0.0
         self._deadlines: list[tuple[float, int, Connection]] = []  # a heap; stale entries are skipped
         self._order = itertools.count()  # ties in the heap, never compared further
         self._accepting = False
         self._accept_again_at: float | None = None
+        self._closing_refusal: FredicaError = errors.ShuttingDown("the daemon is shutting down: nothing was done")
         self._driven = False  # `step` is called by the supervisor's loop, not by our own thread
         self._driver: int | None = None  # the thread that drives it, once it has
 
@@ -223,8 +231,12 @@ class ControlServer:
         the loop has just committed, and answered, the requests it ran)."""
         self._take_replies()
 
-    def close(self) -> None:
-        """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest."""
+    def close(self, refusal: FredicaError | None = None) -> None:
+        """Stop accepting, let the replies being prepared go out (CLOSE_GRACE), close the rest.
+        A request still arriving meanwhile is answered with `refusal` (default: the daemon is
+        shutting down), never cut off: a client learns why, and that nothing was done."""
+        if refusal is not None:
+            self._closing_refusal = refusal
         self._closing.set()
         if self._thread is not None:
             self._wake()
@@ -248,13 +260,12 @@ class ControlServer:
             while True:
                 if self._closing.is_set() and grace_ends is None:
                     grace_ends = time.monotonic() + CLOSE_GRACE
+                    if self._accepting:
+                        self._accept()  # those in the backlog: answered (refused), not reset
                     self._stop_accepting()
                     if self._sock is not None:  # new clients are refused now, not left in the backlog
                         self._sock.close()
                         self._sock = None
-                    for conn in [c for c in self.connections
-                                 if c.deadline is not None and c.reply is None and c.pending is None]:
-                        self._drop(conn)  # still reading: nothing of theirs has been acted on
                 if grace_ends is not None and (not self.connections or time.monotonic() >= grace_ends):
                     return
                 self._step(grace_ends)
@@ -394,7 +405,11 @@ class ControlServer:
         """A whole request: to a handler thread (nothing more is read meanwhile)."""
         self._watch(conn, 0)
         self._set_deadline(conn, None)
-        if conn.uid not in self.allowed_uids:
+        if self._closing.is_set():  # read whole while closing: refused, nothing of it done
+            conn.last_reply = True
+            refusal = self._closing_refusal
+            self._send(conn, protocol.error(refusal.kind, refusal.message))
+        elif conn.uid not in self.allowed_uids:
             # Read whole, never acted on: closing first would fail the client's write with EPIPE
             # before it could read why it was refused.
             log.warning("client_refused", uid=conn.uid)
@@ -487,8 +502,17 @@ class ControlServer:
             self._set_deadline(conn, time.monotonic() + self.request_timeout)  # it reads: give it time
 
     def _next_request(self, conn: Connection) -> None:
-        """The reply is written: read the connection's next request (one may be in already)."""
+        """The reply is written: read the connection's next request (one may be in already), or
+        have the next frame of a streamed reply made."""
         conn.reply = None
+        if conn.stream is not None:
+            stream, conn.stream = conn.stream, None
+            self._watch(conn, 0)
+            self._set_deadline(conn, None)  # the frame is being made: the handler's bounds apply
+            if not self.request_threads.submit(lambda: self._answer_page(conn, stream)):
+                log.warning("client_dropped", reason="cannot start a thread")
+                self._drop(conn)  # in the middle of a reply: nothing else can be said on it
+            return
         if conn.last_reply or self._closing.is_set():
             self._drop(conn)
             return
@@ -508,6 +532,9 @@ class ControlServer:
         if conn.closed:
             return
         conn.closed = True
+        if conn.stream is not None:  # between two frames: no handler thread holds it
+            conn.stream.close()
+            conn.stream = None
         if conn.pending is not None:
             conn.pending.cancel()  # nobody would hear its answer: not run, if not begun
         self._watch(conn, 0)
@@ -534,12 +561,16 @@ class ControlServer:
             except queue.Empty:
                 return
             if conn.closed:
+                if isinstance(data, tuple) and data[1] is not None:
+                    data[1].close()  # its client is gone: the rest of its pages are never read
                 continue
             if isinstance(data, concurrent.futures.Future):
                 if data is not conn.pending:
                     continue  # withdrawn and refused already
                 conn.pending = None
                 data = self._encoded(self._outcome(conn.op, lambda: data.result(0)))
+            elif isinstance(data, tuple):  # a frame of a streamed reply, and the rest of it (None: done)
+                data, conn.stream = data
             if data is None:
                 self._drop(conn)
             else:
@@ -551,12 +582,33 @@ class ControlServer:
         """Run one whole request and hand its encoded reply to the I/O thread (None: close)."""
         data = None
         try:
-            data = self._encoded(reply_for())
+            reply = reply_for()
+            data = self._frame_of(reply) if isinstance(reply, protocol.Pages) else self._encoded(reply)
         except Exception:  # a bug of ours: into the daemon's log, never its stderr
             log.exception("client_failed")
         finally:
             self._replies.put((conn, data))
             self._wake()
+
+    def _answer_page(self, conn: Connection, stream: protocol.Pages) -> None:
+        """Make the next frame of a streamed reply and hand it to the I/O thread."""
+        self._replies.put((conn, self._frame_of(stream)))
+        self._wake()
+
+    def _frame_of(self, stream: protocol.Pages) -> tuple[bytes, protocol.Pages | None]:
+        """The next frame of `stream`, and the stream if more frames follow. An error making it
+        is the stream's last frame."""
+        last = True
+        try:
+            message, last = stream.next_frame()
+        except FredicaError as exc:
+            message = protocol.error(exc.kind, exc.message)
+        except Exception as exc:  # a bug of ours: report it, keep serving
+            log.exception("request_failed", op="stream")
+            message = protocol.error(errors.InternalError.kind, f"the listing failed: {type(exc).__name__}: {exc}")
+        if last:
+            stream.close()
+        return self._encoded(message), None if last else stream
 
     @staticmethod
     def _encoded(reply: dict[str, Any]) -> bytes:
@@ -589,10 +641,11 @@ class ControlServer:
         return self._outcome(op, handled)
 
     @staticmethod
-    def _outcome(op: str, handled: Callable[[], Any]) -> dict[str, Any]:
-        """The reply for what `handled()` returns or raises (any thread)."""
+    def _outcome(op: str, handled: Callable[[], Any]) -> Any:
+        """The reply for what `handled()` returns or raises (any thread); a streamed one as it is."""
         try:
-            return protocol.ok(handled())
+            data = handled()
+            return data if isinstance(data, protocol.Pages) else protocol.ok(data)
         except FredicaError as exc:
             return protocol.error(exc.kind, exc.message)
         except Exception as exc:  # a bug of ours: report it, keep serving

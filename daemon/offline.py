@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from typing import Any
+from typing import Any, Iterator
 
 from daemon import operations, protocol
 from daemon.config import Settings
@@ -72,6 +72,27 @@ class Answer:
 
     data: Any
     read_database: bool
+
+
+def pages(settings: Settings, op: str, args: dict[str, Any], not_running: DaemonUnreachable) -> Iterator[Answer]:
+    """A streamed read (`ls_pages`) as the daemon would send it: each page's items as an Answer,
+    then one more whose data is what its last frame says besides them (`total`)."""
+    protocol.OPERATIONS[op].check(args)
+    reads = OfflineReads(settings, not_running)
+    try:
+        streamed: protocol.Pages = getattr(reads, f"op_{op}")(**args)
+        last = False
+        while not last:
+            message, last = streamed.next_frame()
+            data = json.loads(json.dumps(message["data"]))
+            yield Answer(data.pop("items"), True)
+            if last:
+                data.pop("more", None)
+                yield Answer(data, True)
+    except sqlite3.Error as exc:
+        raise FredicaError(f"cannot read the database {settings.database}: {exc}") from None
+    finally:
+        reads.close()
 
 
 def answer(settings: Settings, op: str, args: dict[str, Any], not_running: DaemonUnreachable) -> Answer:

@@ -14,13 +14,13 @@ import os
 import sqlite3
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping
 
 from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
-from daemon.store import cleaning, db, restarts, runs, tasks
+from daemon.store import cleaning, db, listing, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -48,6 +48,11 @@ class Reads:
         """`reader`: the read-only connection of the calling thread."""
         self.settings = settings
         self._reader = reader
+
+    def _checked(self, pages: Iterator[list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
+        """A streamed reply's pages, read later than the handler returns (`Handlers` meets their
+        errors as those of `handle`)."""
+        return pages
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -78,18 +83,42 @@ class Reads:
         found = tasks.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
 
+    def op_ls_pages(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
+                    limit: int | None = None, sort: str | None = None, since: float | None = None,
+                    total: bool = False) -> protocol.Pages:
+        """`ls` as a stream of pages (`protocol.Pages`), each read as the one before has gone out;
+        with `total`, the last frame says how many tasks match (for the "N more" line)."""
+        _check_task_statuses(status)
+        _check_limit(limit)
+        if sort is not None and sort not in listing.SORTS:
+            raise protocol.ProtocolError(f"unknown sort {protocol.shown(sort)} (one of {', '.join(listing.SORTS)})")
+        conn = self._reader()
+        query = listing.TaskQuery(
+            status=None if status is None else [status] if isinstance(status, str) else status,
+            run_id=None if run is None else id_store.run_id(conn, run), task_type=type, since=since,
+            sort=sort or listing.DEFAULT_SORT, now=time.time())
+        matching = listing.count(conn, query) if total else None
+        # Each page on the reader of the handler thread that makes its frame (not always the same).
+        pages = ([t.to_dict() for t in found] for found in listing.tasks(_ThreadReader(self), query, limit))
+        return protocol.Pages(self._checked(pages), (lambda: {"total": matching}) if total else dict)
+
     def op_runs(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         _check_statuses(status, RunStatus)
         _check_limit(limit)
         return [r.to_dict() for r in runs.list_runs(self._reader(), status=status, limit=limit)]
 
-    def op_show(self, id: str) -> protocol.ShowReply:
+    def op_show(self, id: str, tasks_limit: int | None = None) -> protocol.ShowReply:
+        """A task, or a run with its tasks: all of them, or its first `tasks_limit` with the counts
+        of all by status (`task_counts`), as `show RUN` prints them."""
+        _check_limit(tasks_limit)
         conn = self._reader()
         named = id_store.resolve(conn, id)
         if named.kind == "task":
             return {"kind": "task", "object": tasks.get(conn, named.id).to_dict()}
         obj = runs.get(conn, named.id).to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
+        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
+        if tasks_limit is not None:
+            obj["task_counts"] = listing.counts_by_display_status(conn, named.id)
         return {"kind": "run", "object": obj}
 
     def op_types(self) -> list[dict[str, Any]]:
@@ -181,12 +210,23 @@ class Handlers(acting.ActingHandlers, Reads):
         try:
             return getattr(self, f"op_{op}")(**args)
         except sqlite3.DatabaseError as exc:
-            if faults.classify(exc) is not faults.Kind.CORRUPT:
-                raise
-            # A reader met it first: the daemon must not go on answering while tasks run on a
-            # database it can no longer trust (SPEC §13).
-            self.sup.report_corruption(exc)
-            raise faults.refusal(faults.Kind.CORRUPT) from None
+            raise self._refusal(exc) from None
+
+    def _refusal(self, exc: sqlite3.DatabaseError) -> Exception:
+        """What a reader's database error is answered with: itself, or, for corruption, the
+        refusal that says so once the loop has been told."""
+        if faults.classify(exc) is not faults.Kind.CORRUPT:
+            return exc
+        # A reader met it first: the daemon must not go on answering while tasks run on a
+        # database it can no longer trust (SPEC §13).
+        self.sup.report_corruption(exc)
+        return faults.refusal(faults.Kind.CORRUPT)
+
+    def _checked(self, pages: Iterator[list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
+        try:
+            yield from pages
+        except sqlite3.DatabaseError as exc:
+            raise self._refusal(exc) from None
 
     # --- what the running daemon knows ------------------------------------------------------------
 
@@ -337,6 +377,17 @@ class Handlers(acting.ActingHandlers, Reads):
             logs += engine_cleaning.remove_logs(self.settings.task_log, removed.task_ids)
             if not removed.more or time.monotonic() >= deadline or not handoff.requester_waiting():
                 return {"runs": runs_removed, "tasks": tasks_removed, "logs": logs, "done": not removed.more}
+
+
+class _ThreadReader:
+    """The handlers' read connection of whichever thread runs a query: a streamed reply's frames
+    are made by whichever handler thread is free, and a connection stays on its own thread."""
+
+    def __init__(self, handlers: Reads) -> None:
+        self._handlers = handlers
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self._handlers._reader().execute(sql, params)
 
 
 def _check_task_statuses(status: str | list[str] | None) -> None:

@@ -8,7 +8,10 @@ Reply:   ``{"v": 1, "ok": true, "data": ...}`` or
          ``{"v": 1, "ok": false, "error": {"kind": "<ErrorClass>", "message": "<one line>"}}``
 
 Requests are small (a batch submission is the largest), so they are capped at `MAX_REQUEST`;
-replies may carry many tasks and are capped at `MAX_REPLY`. Every string in a message is text:
+replies may carry many tasks and are capped at `MAX_REPLY`. A streamed operation
+(`Operation.streams`: `ls_pages`) answers with a sequence of ok frames whose data is a page,
+``{"items": [...], "more": true}``, the last one without `more` and with what is known only at the
+end (`total`); an error frame ends it early. Neither side then holds more than a page. Every string in a message is text:
 JSON lets a `\\ud800` escape name half a character, which no UTF-8 encoder (SQLite's, a
 terminal's) accepts, so such a message is refused whole, on either side, naming where it is.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, Iterator, Mapping, TypedDict
 
 from executors import framing
 
@@ -69,11 +72,13 @@ class Argument:
 
 @dataclasses.dataclass(frozen=True)
 class Operation:
-    """One request type: its arguments, and whether the supervisor's loop must run it (a write)."""
+    """One request type: its arguments, whether the supervisor's loop must run it (a write), and
+    whether its reply is a stream of pages (`Pages`)."""
 
     name: str
     arguments: Mapping[str, Argument]
     writes: bool = False
+    streams: bool = False
     # An acting operation (`daemon.bulk`): by selectors it may reach 50,000 tasks, which its
     # handler hands to the loop a chunk at a time, so that the loop goes on between chunks.
     bulk: bool = False
@@ -99,9 +104,10 @@ class Operation:
                 )
 
 
-def _operation(op: str, /, writes: bool = False, bulk: bool = False, **arguments: Argument) -> tuple[str, Operation]:
+def _operation(op: str, /, writes: bool = False, bulk: bool = False, streams: bool = False, **arguments: Argument
+               ) -> tuple[str, Operation]:
     # `op` positional-only: an argument may be called `name` (a queue's).
-    return op, Operation(op, arguments, writes or bulk, bulk)
+    return op, Operation(op, arguments, writes or bulk, streams, bulk)
 
 
 _ID = Argument("str", required=True)
@@ -122,8 +128,12 @@ OPERATIONS: dict[str, Operation] = dict([
                params=Argument("Any")),
     _operation("ls", status=Argument("str | list[str] | None"), run=Argument("str | None"),
                type=Argument("str | None"), limit=Argument("int | None")),
+    # `ls` sorted, filtered and limited, streamed a page at a time; with total: how many match.
+    _operation("ls_pages", streams=True, status=Argument("str | list[str] | None"), run=Argument("str | None"),
+               type=Argument("str | None"), limit=Argument("int | None"), sort=Argument("str | None"),
+               since=Argument("float | None"), total=Argument("bool")),
     _operation("runs", status=Argument("str | None"), limit=Argument("int | None")),
-    _operation("show", id=_ID),
+    _operation("show", id=_ID, tasks_limit=Argument("int | None")),
     _operation("wait", ids=Argument("list[str]", required=True), timeout=Argument("float | None")),
     # The acting operations (SPEC §14 Bulk): ids, or the selectors, as `daemon.bulk` takes them.
     _operation("cancel", bulk=True, **_BULK),
@@ -195,6 +205,38 @@ class ShowReply(TypedDict):
 class WaitReply(TypedDict):
     tasks: list[dict[str, Any]]  # in the order asked
     ended: bool  # False: the timeout came first, and some of them are still active
+
+
+class Pages:
+    """A streamed reply (`Operation.streams`): its pages are made one at a time, as the one before
+    has been written, so the daemon holds one page of it at once. `final` is sent with the last."""
+
+    def __init__(self, pages: Iterator[list[Any]], final: Callable[[], Mapping[str, Any]] = dict) -> None:
+        self._pages = pages
+        self._final = final
+        self._next: list[Any] | None = next(pages, None)  # made at once: a refusal comes before any frame
+        self._failed: Exception | None = None
+
+    def next_frame(self) -> tuple[dict[str, Any], bool]:
+        """The next frame's message, and whether it is the last; a page is read ahead to know it.
+        An error reading ahead is raised by the call after: the page read before it goes out first."""
+        if self._failed is not None:
+            raise self._failed
+        items = self._next or []
+        try:
+            self._next = next(self._pages, None)
+        except Exception as exc:
+            self._failed = exc
+            return ok({"items": items, "more": True}), False
+        if self._next is not None:
+            return ok({"items": items, "more": True}), False
+        return ok({"items": items, **self._final()}), True
+
+    def close(self) -> None:
+        """Stop early (the client is gone): what the pages hold (a read cursor) is let go."""
+        close = getattr(self._pages, "close", None)
+        if close is not None:
+            close()
 
 
 def shown(value: str) -> str:

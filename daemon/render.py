@@ -304,6 +304,12 @@ def outcome_summary(tasks: Iterable[Mapping[str, Any]]) -> str:
     for task in tasks:
         name = display_status(task)
         counts[name] = counts.get(name, 0) + 1
+    return counts_summary(counts)
+
+
+def counts_summary(counts: Mapping[str, int]) -> str:
+    """`watched 3 tasks: 2 completed, 1 failed` from the counts by status as people see them."""
+    counts = {name: n for name, n in counts.items() if n}
     if not counts:
         return "nothing to watch"
     order = _SUMMARY_ORDER

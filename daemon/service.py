@@ -140,7 +140,7 @@ def _children_skip_the_cli() -> None:
 
 def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
-    from daemon import control, operations, recovery
+    from daemon import control, faults, operations, recovery
     from daemon.notify import Notifier
     from daemon.supervisor import CALL_TIMEOUT, Supervisor
 
@@ -149,6 +149,11 @@ def _serve(settings: config.Settings) -> int:
                                    request_timeout=settings.request_timeout)
     with _starting(f"cannot listen on {settings.socket}"):
         server.bind()
+    supervisor: Supervisor | None = None
+
+    def supervisor_ended_corrupt() -> bool:
+        return supervisor is not None and supervisor.exit_status != 0  # 1 only after corruption
+
     try:
         notifier = Notifier()
         with _starting("cannot start the supervisor", database=settings.database):
@@ -182,6 +187,8 @@ def _serve(settings: config.Settings) -> int:
                  max_workers=settings.max_workers)
         supervisor.run()
     finally:
-        server.close()
+        # Ended by corruption: a request arriving now is told so, not that the daemon stops.
+        server.close(faults.refusal(faults.Kind.CORRUPT) if supervisor_ended_corrupt() else None)
+    assert supervisor is not None  # a failed start raised out of the try
     log.info("daemon_stopped", exit_status=supervisor.exit_status)
     return supervisor.exit_status

@@ -351,54 +351,52 @@ def test_an_error_reply_exits_1_with_its_message_on_one_line(fake, fredica):
 
 def test_ls_json_prints_the_tasks_with_every_column(fake, fredica):
     tasks = [task(ID_A, status="running", progress=42), task(ID_B, seq=2)]
-    fake.handlers["ls"] = tasks
+    fake.handlers["ls_pages"] = {"items": tasks}
     result = fredica("ls", "--json")
     assert result.exit_code == 0
     printed = json.loads(result.stdout)
     assert printed == tasks
     assert all(set(TASK_COLUMNS) <= set(row) for row in printed)
-    assert fake.requests == [("ls", {})]
+    assert fake.requests == [("ls_pages", {})]  # every task, without the count
 
 
 @pytest.mark.parametrize(
     "args, sent",
     [
-        (["--status", "running"], {"status": "running"}),
+        (["--status", "running"], {"status": "running", "limit": 50, "total": True}),
         (
             ["--status", "pending", "--status", "failed", "--run", RUN, "--type", "SHELL", "--limit", "5"],
-            {"status": ["pending", "failed"], "run": RUN, "type": "SHELL", "limit": 5},
+            {"status": ["pending", "failed"], "run": RUN, "type": "SHELL", "limit": 5, "total": True},
         ),
+        (["--sort", "priority", "--all"], {"sort": "priority", "total": True}),
     ],
 )
 def test_ls_sends_only_the_filters_given(fake, fredica, args, sent):
-    fake.handlers["ls"] = []
+    fake.handlers["ls_pages"] = {"items": [], "total": 0}
     result = fredica("ls", *args)
     assert result.exit_code == 0
     assert result.stdout == "no tasks\n"
-    assert fake.requests == [("ls", sent)]
+    assert fake.requests == [("ls_pages", sent)]
 
 
 def test_ls_table_shows_8_character_ids_and_display_statuses(fake, fredica):
-    fake.handlers["ls"] = [
+    fake.handlers["ls_pages"] = {"items": [
         task(ID_A, status="running", is_paused=True, progress=42, priority=3, retry_count=1, max_retries=2),
         task(ID_B, seq=2, type="DOWNLOAD", status="claimed"),
         task("cccccccc-0000-4000-8000-000000000003", seq=3, status="failed", error_type="EXCEPTION"),
         task("dddddddd-0000-4000-8000-000000000004", seq=4, status="completed", progress=100),
-    ]
+    ], "total": 4}
     result = fredica("ls")
     assert result.exit_code == 0
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["ID", "TYPE", "STATUS", "PROGRESS", "PRI", "RETRIES", "AGE", "ERROR", "TYPE"]
-    assert rows[0].split()[:6] == [ID_A[:8], "SHELL", "paused", "42%", "3", "1/2"]
-    assert rows[1].split()[:3] == [ID_B[:8], "DOWNLOAD", "waiting"]
-    assert rows[2].split()[2] == "failed" and rows[2].split()[-1] == "EXCEPTION"
-    assert rows[3].split()[2:4] == ["completed", "100%"]
+    assert header.split() == ["ID", "RUN", "TYPE", "STATUS", "PROGRESS", "PRI", "RETRIES", "AGE", "TIME", "STATUS",
+                              "TEXT"]
+    assert rows[0].split()[:7] == [ID_A[:8], RUN[:8], "SHELL", "paused", "42%", "3", "1/2"]
+    assert rows[1].split()[:4] == [ID_B[:8], RUN[:8], "DOWNLOAD", "waiting"]
+    assert rows[2].split()[3] == "failed" and rows[2].split()[-1] == "EXCEPTION"
+    assert rows[3].split()[3:5] == ["completed", "100%"]
     assert " 42%" in rows[0]
-
-
-def test_ls_table_has_no_error_column_when_nothing_failed(fake, fredica):
-    fake.handlers["ls"] = [task()]
-    assert "ERROR" not in fredica("ls").stdout
+    assert len(rows) == 4  # all of them shown: no "more" line
 
 
 def test_runs_json_and_table(fake, fredica):
@@ -440,11 +438,13 @@ def test_show_run_lists_its_tasks(fake, fredica):
     fake.handlers["show"] = {"kind": "run", "object": run}
     printed = json.loads(fredica("show", RUN, "--json").stdout)
     assert printed == run and all(set(TASK_COLUMNS) <= set(t) for t in printed["tasks"])
+    fake.handlers["show"] = {"kind": "run", "object": dict(run, task_counts={"completed": 1, "running": 1})}
     out = fredica("show", RUN).stdout
     head, tasks = out.split("\n\n")
     assert head.splitlines()[0].split() == ["id:", RUN]
-    assert not any(line.startswith("tasks:") for line in head.splitlines())
+    assert head.splitlines()[-1] == "tasks: 2 (1 running, 1 completed)"  # the counts, not the task objects
     assert [line.split()[0] for line in tasks.splitlines()] == ["ID", ID_A[:8], ID_B[:8]]
+    assert fake.requests[-1] == ("show", {"id": RUN, "tasks_limit": 50})
 
 
 def test_show_unknown_id_exits_1(fake, fredica):
@@ -884,10 +884,26 @@ def _sequence(replies: list[Any]) -> Callable[[dict[str, Any]], Any]:
     return lambda args: remaining.pop(0) if len(remaining) > 1 else remaining[0]
 
 
+def _world(states: list[list[dict[str, Any]]]) -> Callable[[dict[str, Any]], Any]:
+    """An `ls_pages` handler for `watch`: each refresh (its query of the running tasks) moves to
+    the next state, the last one ever after; answers the tasks of the status asked, limited, with
+    the total."""
+    at = {"state": -1}
+
+    def handler(args: dict[str, Any]) -> dict[str, Any]:
+        if args["status"] == "running":
+            at["state"] = min(at["state"] + 1, len(states) - 1)
+        tasks = [t for t in states[at["state"]]
+                 if (t["status"] == "running") == (args["status"] == "running") and args.get("run") in (None, RUN)]
+        return {"items": tasks[: args["limit"]], "total": len(tasks)}
+
+    return handler
+
+
 def test_watch_without_a_terminal_prints_changes_until_nothing_is_active(fake, fredica):
     a = dict(task(ID_A), seq=1)
     b = dict(task(ID_B, type="DOWNLOAD"), seq=2)
-    fake.handlers["ls"] = _sequence(
+    fake.handlers["ls_pages"] = _world(
         [
             [a],
             [dict(a, status="running", progress=10, status_text="step 1")],
@@ -907,47 +923,62 @@ def test_watch_without_a_terminal_prints_changes_until_nothing_is_active(fake, f
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "[--------------------]   0%  SHELL aaaaaaaa waiting",
+        "0 more running, 0 more waiting",
         "[##------------------]  10%  SHELL aaaaaaaa running step 1",
+        "0 more running, 0 waiting",
         "[##------------------]  10%  SHELL aaaaaaaa paused step 1",
         "[############--------]  60%  SHELL aaaaaaaa running",
         "[--------------------]   0%  DOWNLOAD bbbbbbbb waiting",
+        "0 more running, 0 more waiting",
         "[####################] 100%  SHELL aaaaaaaa completed",
         "[##########----------]  50%  DOWNLOAD bbbbbbbb running",
+        "0 more running, 0 waiting",
         "[##########----------]  50%  DOWNLOAD bbbbbbbb failed EXCEPTION",
         "watched 2 tasks: 1 completed, 1 failed",
     ]
-    assert {op for op, args in fake.requests if op == "ls" and args == {"status": ACTIVE}} == {"ls"}
     assert [args for op, args in fake.requests if op == "show"] == [{"id": ID_A}, {"id": ID_B}]
 
 
+def test_watch_asks_only_for_the_rows_it_draws(fake, fredica, monkeypatch):
+    monkeypatch.setenv("LINES", "6")  # 4 task lines, the last line, the cursor's
+    running = [task(f"{n:08x}-0000-4000-8000-000000000000", seq=n, status="running") for n in range(6)]
+    waiting = [task(f"{n:08x}-0000-4000-8000-000000000000", seq=n) for n in range(6, 16)]
+    fake.handlers["ls_pages"] = _world([running + waiting, []])
+    fake.handlers["show"] = lambda args: {"kind": "task", "object": dict(task(args["id"]), status="completed")}
+    lines = fredica("watch").stdout.splitlines()
+    assert lines[:5] == [render.progress_line(t) for t in running[:4]] + ["2 more running, 10 waiting"]
+    asked = [args for op, args in fake.requests if op == "ls_pages"][:2]
+    assert asked == [{"status": "running", "sort": "duration", "limit": 4, "total": True},
+                     {"status": "waiting", "sort": "priority", "limit": 0, "total": True}]
+
+
 def test_watch_with_nothing_active(fake, fredica):
-    fake.handlers["ls"] = []
+    fake.handlers["ls_pages"] = {"items": [], "total": 0}
     result = fredica("watch")
     assert (result.exit_code, result.stdout) == (0, "nothing to watch\n")
 
 
 def test_watch_a_run_until_all_its_tasks_end(fake, fredica):
     a, b = task(ID_A), task(ID_B, seq=2)
+    fake.handlers["ls_pages"] = _world([[dict(a, status="running", progress=50), b], [dict(b, status="running")], []])
+    finals = {ID_A: dict(a, status="completed", progress=100), ID_B: dict(b, status="cancelled", error_type="CANCEL")}
 
-    def run(*tasks: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": "run", "object": {"id": RUN, "status": "running", "tasks": list(tasks)}}
+    def show(args: dict[str, Any]) -> dict[str, Any]:
+        if args["id"] == RUN:
+            return {"kind": "run", "object": {"id": RUN, "status": "running", "tasks": [],
+                                              "task_counts": {"completed": 1, "cancelled": 1}}}
+        return {"kind": "task", "object": finals[args["id"]]}
 
-    fake.handlers["show"] = _sequence(
-        [
-            run(dict(a, status="running", progress=50), b),
-            run(dict(a, status="completed", progress=100), dict(b, status="running")),
-            run(dict(a, status="completed", progress=100), dict(b, status="cancelled", error_type="CANCEL")),
-        ]
-    )
+    fake.handlers["show"] = show
     result = fredica("watch", RUN)
     assert result.exit_code == 1, result.output  # one of them did not complete (SPEC §14)
     assert result.stdout.splitlines()[-1] == "watched 2 tasks: 1 completed, 1 cancelled"
-    assert fake.requests == [("show", {"id": RUN})] * 3
+    assert {args.get("run") for op, args in fake.requests if op == "ls_pages"} == {RUN}
 
 
 def test_watch_one_task(fake, fredica):
     fake.handlers["show"] = _sequence(
-        [{"kind": "task", "object": task(status="running", progress=p)} for p in (10, 90)]
+        [{"kind": "task", "object": task(status="running", progress=p)} for p in (10, 10, 90)]
         + [{"kind": "task", "object": task(status="completed", progress=100)}]
     )
     result = fredica("watch", ID_A)
@@ -958,18 +989,22 @@ def test_watch_one_task(fake, fredica):
 
 
 def test_watch_screen_redraws_in_place_on_a_terminal(capsys):
-    screen = cli.WatchScreen(tty=True)
+    from daemon import watching
+
+    screen = watching.Screen(tty=True)
     running = task(status="running", progress=45, status_text="frame 9")
-    screen.update([], [running, task(ID_B, seq=2)])
+    screen.update([], [running, task(ID_B, seq=2)], "0 more running, 0 more waiting")
     first = capsys.readouterr().out
     assert first.splitlines() == [
         "[#########-----------]  45%  SHELL aaaaaaaa running frame 9",
         "[--------------------]   0%  SHELL bbbbbbbb waiting",
+        "0 more running, 0 more waiting",
     ]
-    screen.update([dict(running, status="completed", progress=100)], [task(ID_B, seq=2, status="running")])
+    screen.update([dict(running, status="completed", progress=100)], [task(ID_B, seq=2, status="running")],
+                  "0 more running, 0 waiting")
     second = capsys.readouterr().out
-    assert second.startswith("\x1b[2A\r\x1b[J")  # back over the two live lines, then clear
-    assert second.count("\n") == 2
+    assert second.startswith("\x1b[3A\r\x1b[J")  # back over the three live lines, then clear
+    assert second.count("\n") == 3
 
 
 # --- restarts, status ---------------------------------------------------------------------------

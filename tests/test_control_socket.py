@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from daemon import cli, control, protocol
+from daemon import cli, control, errors, protocol
 from tests.conftest import wait_for
 
 STATUS = protocol.encode(protocol.request("status"), protocol.MAX_REQUEST)
@@ -271,3 +271,21 @@ def test_closing_lets_the_replies_being_prepared_go_out(serve) -> None:
     assert replies == [protocol.ok({"done": True})]
     with pytest.raises(OSError):
         connect(server.path)  # and nothing is accepted any more
+
+
+def test_a_request_still_arriving_while_the_server_closes_is_refused_not_cut_off(serve) -> None:
+    seen: list[str] = []
+    server = serve(lambda op, args: seen.append(op) or {})
+    half = len(STATUS) // 2
+    with connect(server.path) as sock:
+        sock.settimeout(20)
+        sock.sendall(STATUS[:half])
+        wait_for(lambda: any(c.frame.buffered for c in list(server.connections)))
+        closing = threading.Thread(target=server.close, args=(errors.ShuttingDown("going down: nothing was done"),))
+        closing.start()
+        wait_for(server._closing.is_set)
+        sock.sendall(STATUS[half:])
+        reply = protocol.read_frame(sock, protocol.MAX_REPLY)
+        closing.join(10)
+    assert reply["ok"] is False and reply["error"] == {"kind": "ShuttingDown", "message": "going down: nothing was done"}
+    assert seen == []  # never handled
