@@ -219,6 +219,7 @@ def run_daemon() -> None:
     help="Seconds before it is stopped.",
 )
 @click.option("--queue", metavar="NAME", help="The queue that runs it (default: the one its type is routed to).")
+@click.option("--hold", is_flag=True, help="Submit it held: it waits until `fredica release` (a batch: all).")
 @click.option(
     "--batch",
     type=click.File("r", encoding="utf-8"),
@@ -230,17 +231,20 @@ def submit(task_type: str | None, batch: Any, **options: Any) -> None:
 
     A batch is a JSON-lines file, one task object per line with `type` and the optional fields
     (payload, priority, depends_on, max_retries, idempotency_key, material_id, timeout, queue,
-    key, id);
+    key, id, hold);
     depends_on may name the id or key of an earlier line. The batch is one run, stored atomically.
     """
     if (task_type is None) == (batch is None):
         raise click.UsageError("give a task TYPE or --batch FILE (one of them)")
     if batch is not None:
-        given = [flag for name, flag in specs_input.SPEC_FLAGS.items() if options[name] not in (None, ())]
+        given = [flag for name, flag in specs_input.SPEC_FLAGS.items()
+                 if name != "hold" and options[name] not in (None, ())]
         if given:
             flags = ", ".join(given)
             raise click.UsageError(f"{flags} cannot be combined with --batch (put the fields in the file)")
         specs, numbers = specs_input.read_numbered_batch(batch)
+        if options["hold"]:
+            specs = [dict(spec, hold=True) for spec in specs]
         try:
             reply = call("submit", tasks=specs)
         except FredicaError as exc:
@@ -314,7 +318,7 @@ def run_template(template: str, material_id: str | None, params: dict[str, str])
     "--status",
     type=click.Choice(models.TASK_FILTER_WORDS),
     multiple=True,
-    help="Only tasks in this status, stored or as shown: waiting, paused (repeatable).",
+    help="Only tasks in this status, stored or as shown: waiting, held, paused (repeatable).",
 )
 @click.option("--run", "run_id", metavar="ID", help="Only the tasks of this workflow run.")
 @click.option("--type", "task_type", metavar="T", help="Only tasks of this type (any case).")
@@ -458,27 +462,6 @@ def show(target_id: str, as_json: bool) -> None:
 
 
 @command(main)
-@click.argument("target_id", metavar="ID")
-def cancel(target_id: str) -> None:
-    """Cancel a task, or every unfinished task of a workflow run."""
-    click.echo(render.cancel_summary(call("cancel", id=target_id)))
-
-
-@command(main)
-@click.argument("task_id", metavar="ID")
-def pause(task_id: str) -> None:
-    """Pause a running, pausable task."""
-    click.echo(f"paused {call('pause', id=task_id)['id']}")
-
-
-@command(main)
-@click.argument("task_id", metavar="ID")
-def resume(task_id: str) -> None:
-    """Resume a paused task."""
-    click.echo(f"resumed {call('resume', id=task_id)['id']}")
-
-
-@command(main)
 @click.argument("task_id", metavar="[ID]", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (for a task: until it ends).")
 @click.option(
@@ -555,31 +538,6 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
         raise SystemExit(EXIT_REFUSED)
 
 
-@command(main)
-@click.argument("ids", metavar="ID...", nargs=-1, required=True)
-@json_option
-def retry(ids: tuple[str, ...], as_json: bool) -> None:
-    """Run failed or cancelled tasks again, with the tasks their failure cancelled.
-
-    Each task runs again as a new task (same type, payload, priority, retries, timeout,
-    material, idempotency key, queue) in a new run, with a copy of each task that was cancelled
-    because it failed (DEPENDENCY_FAILED, transitively), wired as before. Tasks of one run given
-    together make one new run, no task copied twice. A dependency on a task that completed stays
-    on that task, already done; a task that depends on one that failed is refused (retry that
-    one: it brings this one along).
-
-    One line per ID: the new task, how many cancelled tasks came along, and the new run (exit 1
-    if any ID was refused: not failed or cancelled, unknown, ambiguous). --json: the results,
-    with full ids (new_id, run_id, copies)."""
-    reply = call("retry", ids=list(ids))
-    if as_json:
-        echo_json(reply["results"])
-        if not all(result["ok"] for result in reply["results"]):
-            raise SystemExit(EXIT_REFUSED)
-        return
-    echo_results(reply)
-
-
 @main.group("restarts", cls=FredicaGroup, invoke_without_command=True)
 @config_option()
 @click.option("--all", "show_all", is_flag=True, help="Also the entries dismissed, recreated or superseded.")
@@ -588,8 +546,7 @@ def retry(ids: tuple[str, ...], as_json: bool) -> None:
 def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """The restart log: tasks a daemon restart interrupted.
 
-    Lists the entries awaiting review (all of them with --all); `dismiss` acts on one, `recreate`
-    on several.
+    Lists the entries awaiting review (all of them with --all); `dismiss` and `recreate` act on them.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -600,24 +557,6 @@ def restarts(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         echo_lines(render.restart_table(entries, time.time()))
     else:
         click.echo("no interrupted tasks to review" if not show_all else "the restart log is empty")
-
-
-@command(restarts, "dismiss")
-@click.argument("entry_id", metavar="ID", type=int)
-def restarts_dismiss(entry_id: int) -> None:
-    """Mark an entry as reviewed, without running it again."""
-    call("restarts_dismiss", id=entry_id)
-    click.echo(f"dismissed {entry_id}")
-
-
-@command(restarts, "recreate")
-@click.argument("entry_ids", metavar="ID...", type=int, nargs=-1, required=True)
-def restarts_recreate(entry_ids: tuple[int, ...]) -> None:
-    """Run interrupted tasks again, with the tasks their failure cancelled.
-
-    Entries whose tasks came from one run make one new run, their dependencies kept. One line
-    per entry: the new task and run, or why not (exit 1 if any was refused)."""
-    echo_results(call("restarts_recreate", ids=[str(entry_id) for entry_id in entry_ids]))
 
 
 @command(main)
@@ -758,3 +697,8 @@ def http_token() -> None:
     if not token:
         raise FredicaError(f"the HTTP token file {path} is empty")
     click.echo(token)
+
+
+# The acting commands (cancel, pause, resume, hold, release, priority, restarts dismiss|recreate)
+# are registered on `main` and `restarts` by their own module, which uses this one's helpers.
+from daemon import acting_commands  # noqa: E402,F401

@@ -31,7 +31,6 @@ CONNECT_RETRY = 0.02  # seconds between connects while the daemon's listen backl
 # The fields `submit` takes beside type and payload: those of a task object (batch lines also
 # have `key` and `id`, which name tasks within one submission).
 SUBMIT_FIELDS = protocol.TASK_FIELDS - {"type", "payload", "key", "id"}
-_COMING = frozenset({"hold"})  # SPEC §15 fields that this daemon does not take yet
 
 
 class Client:
@@ -61,7 +60,8 @@ class Client:
     def submit(self, type: str, payload: Mapping[str, Any] | None = None, **fields: Any) -> str:
         """Submit one task (its own run) and return its id; with an idempotency key that an active
         task holds, that task's id. `fields` as `fredica submit`'s options: priority, depends_on
-        (an id or a list of ids), max_retries, idempotency_key, material_id, timeout."""
+        (an id or a list of ids), max_retries, idempotency_key, material_id, timeout, queue, and
+        hold (True: stored held, claimed only once released)."""
         _check_fields(fields)
         spec: dict[str, Any] = {"type": type, **fields}
         if payload is not None:
@@ -123,25 +123,56 @@ class Client:
         """The daemon's health, as `fredica status --json`."""
         return self.call("status")
 
-    def cancel(self, *ids: str) -> list[protocol.CancelReply]:
-        """Cancel each task, or every unfinished task of each run, in turn: what each did. The
-        first refusal is raised; the ids before it stay cancelled."""
-        return [self.call("cancel", id=target) for target in ids]
+    def cancel(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
+        """Cancel each task, or every unfinished task of each run; or, by `selectors` (run,
+        status, type), every task they all match. One result per task (`"ok"`, `"message"`; a
+        task's `"dependents"` count); see `act` for refusals."""
+        return self.act("cancel", *ids, **selectors)
 
-    def retry(self, *ids: str) -> list[protocol.Result]:
+    def retry(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
         """Run failed or cancelled tasks again as new tasks, with the tasks their failure cancelled
-        (`fredica retry`): a result per id, in order (`ok`, `message`, and `new_id`, `run_id`,
-        `copies` for a copy). A refused id is a result with `ok` False, not an exception."""
-        reply: protocol.ResultsReply = self.call("retry", ids=list(ids))
+        (`fredica retry`), named by ids or by `selectors` (run, status, type): a result per task,
+        in order (`ok`, `message`, and `new_id`, `run_id`, `copies` for a copy). A refused id is
+        a result with `ok` False, not an exception."""
+        reply: protocol.ResultsReply = self.call("retry", **({"ids": list(ids)} if ids else {}), **selectors)
         return reply["results"]
 
     def pause(self, id: str) -> dict[str, Any]:
-        """Pause a running, pausable task; the task as it is then."""
-        return self.call("pause", id=id)
+        """Pause a running, pausable task; the task as it is then (`act("pause", ...)` for many)."""
+        self.act("pause", id)
+        return self.get(id)
 
     def resume(self, id: str) -> dict[str, Any]:
-        """Resume a paused task; the task as it is then."""
-        return self.call("resume", id=id)
+        """Resume a paused task; the task as it is then (`act("resume", ...)` for many)."""
+        self.act("resume", id)
+        return self.get(id)
+
+    def hold(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
+        """Hold each waiting task (never claimed until released); see `act`."""
+        return self.act("hold", *ids, **selectors)
+
+    def release(self, *ids: str, **selectors: Any) -> list[protocol.Result]:
+        """Release each held task; see `act`."""
+        return self.act("release", *ids, **selectors)
+
+    def priority(self, priority: int, *ids: str, **selectors: Any) -> list[protocol.Result]:
+        """Give each waiting task `priority`, which the next claim honours; see `act`."""
+        return self.act("priority", *ids, priority=priority, **selectors)
+
+    def act(self, op: str, *ids: str, **args: Any) -> list[protocol.Result]:
+        """An acting operation (cancel, pause, resume, hold, release, priority) on `ids`, or on the
+        tasks that the selectors `run`, `status` and `type` all match: one result per task, in
+        order. Every task is acted on; if any was refused, the first refusal is raised then, as
+        its `daemon.errors` class, with every result in its `results`."""
+        reply: protocol.ResultsReply = self.call(op, **({"ids": list(ids)} if ids else {}), **args)
+        results = reply["results"]
+        for result in results:
+            if not result["ok"]:
+                known = errors.by_kind(result.get("kind", "")) or errors.FredicaError
+                error = known.from_wire(result["message"])
+                error.results = results  # type: ignore[attr-defined]
+                raise error
+        return results
 
     def wait(self, *ids: str, timeout: float | None = None) -> list[dict[str, Any]]:
         """Block until every task named (a run's id names its tasks) has ended; the tasks then.
@@ -353,9 +384,6 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
     unknown = sorted(set(fields) - SUBMIT_FIELDS)
     if not unknown:
         return
-    coming = [name for name in unknown if name in _COMING]
-    if coming:
-        raise TypeError(f"submit() got {', '.join(coming)}: this daemon does not take it yet")
     raise TypeError(f"submit() got an unexpected field {', '.join(map(repr, unknown))} "
                     f"(it takes {', '.join(sorted(SUBMIT_FIELDS))})")
 

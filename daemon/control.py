@@ -430,7 +430,7 @@ class ControlServer:
             self._send(conn, protocol.error(exc.kind, exc.message))
             return
         assert self._hand_over is not None
-        if protocol.OPERATIONS[op].writes:
+        if protocol.OPERATIONS[op].runs_on_loop(args):
             future = self._hand_over(lambda: self.handle(op, args), lambda: _still_connected(conn.sock))
             if future is not None:
                 conn.pending, conn.op = future, op

@@ -78,6 +78,10 @@ class UnknownRestartEntry(FredicaError):
     """No restart-log entry has that id."""
 
 
+class NothingSelected(FredicaError):
+    """The selectors of a bulk request match nothing; nothing was done."""
+
+
 class InvalidTransition(FredicaError):
     """The task is not in a state that allows this change; nothing was changed."""
 

@@ -24,7 +24,7 @@ from daemon.store import ids as id_store
 FORMATS = ("csv", "jsonl")
 # What a row says, in this order: who it is, where it is, how it went, when.
 COLUMNS = (
-    "id", "workflow_run_id", "type", "queue", "status", "priority", "retry_count", "max_retries",
+    "id", "workflow_run_id", "type", "queue", "status", "is_held", "priority", "retry_count", "max_retries",
     "progress", "status_text", "error_type", "error", "material_id", "idempotency_key",
     "created_at", "started_at", "completed_at", "payload", "result",
 )

@@ -34,15 +34,15 @@ class DisplayStatus(enum.StrEnum):
 
     WAITING = "waiting"  # pending or claimed: not started yet
     PAUSED = "paused"  # running, and paused
+    HELD = "held"  # pending, and held: never claimed until released (SPEC §14)
 
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RUNNING})
 WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
 # The words a task filter (`ls --status`) takes: the stored statuses and those people see
-# (SPEC §14). `held` is a word of the SPEC that names no state yet: refused as not supported.
-HELD = "held"
-TASK_FILTER_WORDS = (*(status.value for status in TaskStatus), *(word.value for word in DisplayStatus), HELD)
+# (SPEC §14).
+TASK_FILTER_WORDS = (*(status.value for status in TaskStatus), *(word.value for word in DisplayStatus))
 # The orders `ls --sort` takes (`daemon.store.listing.SORTS` spells each in SQL).
 TASK_SORTS = ("submitted", "priority", "status", "type", "duration")
 
@@ -52,9 +52,12 @@ def in_order(statuses: frozenset[TaskStatus]) -> list[str]:
     return [status.value for status in TaskStatus if status in statuses]
 
 
-def display_status(status: str, is_paused: bool) -> str:
-    """A task's status as people see it (SPEC §3): pending and claimed are waiting, a paused
-    running task is paused; any other is its stored status (`status` as stored or sent)."""
+def display_status(status: str, is_paused: bool, is_held: bool = False) -> str:
+    """A task's status as people see it (SPEC §3, §14): a held pending task is held, pending and
+    claimed are waiting, a paused running task is paused; any other is its stored status
+    (`status` as stored or sent)."""
+    if status == TaskStatus.PENDING and is_held:
+        return DisplayStatus.HELD.value
     if status in WAITING_STATUSES:
         return DisplayStatus.WAITING.value
     if status == TaskStatus.RUNNING and is_paused:
@@ -141,6 +144,7 @@ class Task:
     payload_refs: bool = False  # the payload names dependencies' results, filled in at dispatch
     queue: str = "default"  # the queue that claims it (SPEC §15)
     queue_explicit: bool = False  # named by the submitter, not routed by type
+    is_held: bool = False  # a pending task a user holds: never claimed until released (SPEC §14)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Task":
@@ -176,12 +180,13 @@ class Task:
             payload_refs=bool(row["payload_refs"]),
             queue=row["queue"],
             queue_explicit=bool(row["queue_explicit"]),
+            is_held=bool(row["is_held"]),
         )
 
     @property
     def display_status(self) -> str:
         """The status as people see it (SPEC §3): waiting, paused, or the stored status."""
-        return display_status(self.status, self.is_paused)
+        return display_status(self.status, self.is_paused, self.is_held)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready values, keyed by column name. The payload and result are

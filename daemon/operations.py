@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping
 
-from daemon import faults, models, protocol
+from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
@@ -26,7 +26,6 @@ from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
 
 if TYPE_CHECKING:  # not at run time: the CLI imports the reads, without the daemon's loop
-    from daemon import retry
     from daemon.config import Settings
     from daemon.supervisor import Supervisor
     from executors.registry import Registry
@@ -189,8 +188,9 @@ class Reads:
         return False
 
 
-class Handlers(Reads):
-    """Every request type of a running daemon: the reads, what only it knows, and the mutations."""
+class Handlers(acting.ActingHandlers, Reads):
+    """Every request type of a running daemon: the reads, what only it knows, and the mutations (the
+    acting operations, over many targets each, in `daemon.acting`)."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
@@ -343,16 +343,6 @@ class Handlers(Reads):
             "tasks": [{"id": t.id, "created": t.created} for t in submission.tasks],
         }
 
-    def op_cancel(self, id: str) -> protocol.CancelReply:
-        report = self.sup.cancel(id)
-        return {"cancelled": list(report.cancelled), "stopping": list(report.stopping), "dependents": report.dependents}
-
-    def op_pause(self, id: str) -> dict[str, Any]:
-        return self.sup.pause(id).to_dict()
-
-    def op_resume(self, id: str) -> dict[str, Any]:
-        return self.sup.resume(id).to_dict()
-
     def op_clean(self, older_than: float, status: str | None = None, dry_run: bool = False) -> protocol.CleanReply:
         """Remove the runs finished more than `older_than` seconds ago (SPEC §14), a chunk at a
         time on the loop, each chunk's logs once it is committed; for at most CLEAN_SLICE
@@ -369,6 +359,8 @@ class Handlers(Reads):
             logs = sum(any(os.path.exists(f"{path}{end}") for end in ("", ".1"))
                        for path in map(self.settings.task_log, found.task_ids))
             return {"runs": found.runs, "tasks": found.tasks, "logs": logs, "done": True}
+        from daemon import handoff  # as in op_wait: not for the CLI's reads
+
         deadline = time.monotonic() + CLEAN_SLICE
         runs_removed = tasks_removed = logs = 0
         while True:
@@ -378,30 +370,6 @@ class Handlers(Reads):
             logs += engine_cleaning.remove_logs(self.settings.task_log, removed.task_ids)
             if not removed.more or time.monotonic() >= deadline or not handoff.requester_waiting():
                 return {"runs": runs_removed, "tasks": tasks_removed, "logs": logs, "done": not removed.more}
-
-    def op_restarts_dismiss(self, id: int) -> dict[str, Any]:
-        sup = self.sup
-        return sup.call(lambda: restarts.resolve(sup.conn, id, "dismissed", now=sup.clock())).to_dict()
-
-    def op_restarts_recreate(self, ids: list[str]) -> protocol.ResultsReply:
-        from daemon import retry  # loaded by the daemon already; not for the CLI's reads (`Reads`)
-
-        return self._rerun(retry.recreate_entries, ids)
-
-    def op_retry(self, ids: list[str]) -> protocol.ResultsReply:
-        from daemon import retry  # as above
-
-        return self._rerun(retry.retry_given, ids)
-
-    def _rerun(self, how: Callable[..., list[retry.Result]], ids: list[str]) -> protocol.ResultsReply:
-        """Copy what `ids` name into new runs (`daemon.retry`), in one transaction of the loop."""
-        if not ids:
-            raise protocol.ProtocolError("give at least one id")
-        sup = self.sup
-        results = sup.call(lambda: how(sup.conn, ids, now=sup.clock(), routes=sup.queues.routes,
-                                       queue_names=sup.queues.names))
-        sup.wake()
-        return {"results": [result.to_dict() for result in results]}
 
 
 class _ThreadReader:
@@ -417,9 +385,6 @@ class _ThreadReader:
 
 def _check_task_statuses(status: str | list[str] | None) -> None:
     for name in [status] if isinstance(status, str) else status or ():
-        if name == models.HELD:
-            # SPEC §14 names it, but no task can be held yet: saying so beats matching nothing.
-            raise FredicaError("status held is not supported yet: tasks cannot be held in this version")
         if name not in models.TASK_FILTER_WORDS:
             raise protocol.ProtocolError(f"unknown status {protocol.shown(name)}")
 

@@ -41,9 +41,14 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, at: Attempt, no
     result = at.result
     succeeded = result is not None and result.ok
     if at.stop_reason == "shutdown" and not succeeded:
-        tasks.requeue(conn, at.task.id, now=now, known=at.task)
-        at.log.info("task_interrupted", by="shutdown")
-        note_ending(settings, at, None, "put back, it runs again after the next start")
+        # A task its user had paused is not to run again unasked: it comes back held (SPEC §14).
+        # One that paused itself (its executor asked) runs again, and asks again if it must.
+        held = at.paused_by_user_at_stop
+        tasks.requeue(conn, at.task.id, now=now, known=at.task, hold=held)
+        at.log.info("task_interrupted", by="shutdown", held=held)
+        outcome = "put back held (paused by user): `fredica release` runs it" if held else (
+            "put back, it runs again after the next start")
+        note_ending(settings, at, None, outcome)
         return Recorded(None)
     if at.stop_reason == "timeout" and not succeeded:
         error, error_type = f"timed out after {at.task.timeout:g} s", models.TIMEOUT

@@ -38,7 +38,7 @@ NOT_TEXT = "undecodable bytes, or a lone surrogate like \\ud800"  # what a strin
 # The fields a task object of a `submit` request may have (`daemon.submission` checks them).
 TASK_FIELDS = frozenset(
     {"id", "key", "type", "payload", "priority", "depends_on", "max_retries", "idempotency_key", "material_id",
-     "timeout", "queue"}
+     "timeout", "queue", "hold"}
 )
 
 
@@ -79,6 +79,15 @@ class Operation:
     arguments: Mapping[str, Argument]
     writes: bool = False
     streams: bool = False
+    # An acting operation (`daemon.bulk`): by selectors it may reach 50,000 tasks, which its
+    # handler hands to the loop a chunk at a time, so that the loop goes on between chunks.
+    bulk: bool = False
+
+    def runs_on_loop(self, args: Mapping[str, Any]) -> bool:
+        """Whether the whole request may run on the loop thread, handed over as it is: a write,
+        unless it is a bulk one naming its targets by selectors (ids are bounded by the size of
+        a request the loop takes whole)."""
+        return self.writes and not (self.bulk and not args.get("ids"))
 
     def check(self, args: Mapping[str, Any]) -> None:
         """Refuse an unknown or missing argument, or one of the wrong JSON type, in one line."""
@@ -95,14 +104,19 @@ class Operation:
                 )
 
 
-def _operation(op: str, /, writes: bool = False, streams: bool = False, **arguments: Argument
+def _operation(op: str, /, writes: bool = False, bulk: bool = False, streams: bool = False, **arguments: Argument
                ) -> tuple[str, Operation]:
     # `op` positional-only: an argument may be called `name` (a queue's).
-    return op, Operation(op, arguments, writes, streams)
+    return op, Operation(op, arguments, writes or bulk, streams, bulk)
 
 
 _ID = Argument("str", required=True)
-_IDS = Argument("list[str]", required=True)  # an acting request's ids: it replies with a ResultsReply
+# What every acting operation takes (`daemon.bulk`): ids, or selectors that all must match. It
+# replies with a ResultsReply.
+_BULK = {"ids": Argument("list[str]"), "run": Argument("str | None"), "status": Argument("str | list[str] | None"),
+         "type": Argument("str | None")}
+# The restart log's: entry ids (as text, a number each), or every entry awaiting review, or a run's.
+_ENTRIES = {"ids": Argument("list[str]"), "all": Argument("bool"), "run": Argument("str | None")}
 
 # Every request type the daemon answers, with what it takes: the one table both sides check
 # requests against (the client before sending, the daemon before a handler runs).
@@ -121,19 +135,23 @@ OPERATIONS: dict[str, Operation] = dict([
     _operation("runs", status=Argument("str | None"), limit=Argument("int | None")),
     _operation("show", id=_ID, tasks_limit=Argument("int | None")),
     _operation("wait", ids=Argument("list[str]", required=True), timeout=Argument("float | None")),
-    _operation("cancel", writes=True, id=_ID),
-    _operation("pause", writes=True, id=_ID),
-    _operation("resume", writes=True, id=_ID),
+    # The acting operations (SPEC §14 Bulk): ids, or the selectors, as `daemon.bulk` takes them.
+    _operation("cancel", bulk=True, **_BULK),
+    _operation("pause", bulk=True, **_BULK),
+    _operation("resume", bulk=True, **_BULK),
+    _operation("hold", bulk=True, **_BULK),
+    _operation("release", bulk=True, **_BULK),
+    _operation("priority", bulk=True, priority=Argument("int", required=True), **_BULK),
     _operation("log_path", id=Argument("str | None")),
     _operation("restarts", all=Argument("bool")),
-    _operation("restarts_dismiss", writes=True, id=Argument("int", required=True)),
+    _operation("restarts_dismiss", bulk=True, **_ENTRIES),
     # Not `writes`: its handler thread hands the loop one chunk after another (each committed on
     # its own), which a handler run on the loop itself could not do. Asked again, it removes only
     # what is still there to remove.
     _operation("clean", older_than=Argument("float", required=True), status=Argument("str | None"),
                dry_run=Argument("bool")),
-    _operation("restarts_recreate", writes=True, ids=_IDS),
-    _operation("retry", writes=True, ids=_IDS),
+    _operation("restarts_recreate", bulk=True, **_ENTRIES),
+    _operation("retry", bulk=True, **_BULK),
     _operation("queues"),
     _operation("types"),
     _operation("templates"),
@@ -155,21 +173,21 @@ class SubmitReply(TypedDict):
     tasks: list[SubmittedTask]
 
 
-class CancelReply(TypedDict):
-    cancelled: list[str]
-    stopping: list[str]
-    dependents: int  # a task's cancel: the tasks that depend on it, cancelled with it
-
-
 class CleanReply(TypedDict):
     runs: int
     tasks: int
     logs: int  # tasks whose log files were removed (or, dry run, are there)
     done: bool  # False: the request's time ran out first; ask again for the rest
+
+
 class Result(TypedDict, total=False):
+    """One target's line of an acting operation's reply (`daemon.bulk`); an operation may add keys
+    of its own (cancel: `cancelled`, `stopping`, `dependents`)."""
+
     id: str  # required: the full id, or the text given when it names nothing
     ok: bool  # required
     message: str  # required: one line, what was done or why not
+    kind: str  # a refusal's error class in `daemon.errors`, for a client to raise it as such
     new_id: str  # retry, recreate: the copy (or the active task that holds its idempotency key)
     run_id: str | None  # retry, recreate: the new run
     copies: list[str]  # retry, recreate: the copies of the tasks its failure cancelled

@@ -19,7 +19,7 @@ FINISHED_RUN_STATUSES = tuple(status.value for status in models.RunStatus
                               if status not in (models.RunStatus.PENDING, models.RunStatus.RUNNING))
 # How `fredica wait`'s summary orders what it counts: the ends first, then what is still going.
 _SUMMARY_ORDER = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.RUNNING,
-                  DisplayStatus.PAUSED, DisplayStatus.WAITING)
+                  DisplayStatus.PAUSED, DisplayStatus.WAITING, DisplayStatus.HELD)
 BAR_WIDTH = 20
 SHORT_ID = 8
 
@@ -38,8 +38,8 @@ def one_line(text: str) -> str:
 
 
 def display_status(task: Mapping[str, Any]) -> str:
-    """The status as people see it (SPEC §3): pending and claimed are waiting, paused is shown."""
-    return models.display_status(str(task.get("status", "?")), bool(task.get("is_paused")))
+    """The status as people see it (SPEC §3, §14): held, waiting (pending and claimed), paused."""
+    return models.display_status(str(task.get("status", "?")), bool(task.get("is_paused")), bool(task.get("is_held")))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: Sequence[str] = ()) -> list[str]:
@@ -194,7 +194,8 @@ def details(obj: Mapping[str, Any], skip: Sequence[str] = ("tasks",)) -> list[st
 
 def status_lines(status: Mapping[str, Any]) -> list[str]:
     """`fredica status`: daemon health, one aligned line per fact."""
-    counts = status.get("counts") or {}
+    counts = dict(status.get("counts") or {})
+    held = counts.pop(DisplayStatus.HELD.value, 0)  # of the pending ones
     order = [name for name in TASK_STATUSES] + sorted(set(counts) - set(TASK_STATUSES))
     if "pid" in status and status["pid"] is None:  # read from the database: no daemon runs
         facts = [("daemon", "not running"), ("workers", f"none running ({status.get('max_workers', '?')} configured)")]
@@ -204,7 +205,9 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
             ("uptime", duration(float(status.get("uptime") or 0))),
             ("workers", f"{status.get('busy_workers', 0)} busy of {status.get('max_workers', '?')}"),
         ]
-    facts.append(("tasks", ", ".join(f"{counts.get(name, 0)} {name}" for name in order)))
+    shown = [f"{counts.get(name, 0)} {name}" + (f" ({held} held)" if name == TaskStatus.PENDING and held else "")
+             for name in order]
+    facts.append(("tasks", ", ".join(shown)))
     if status.get("queues"):
         facts.append(("queues", queues_summary(status["queues"])))
     if status.get("recovering"):
@@ -255,28 +258,6 @@ def template_table(templates: Sequence[Mapping[str, Any]]) -> list[str]:
         params = [str(p) for p in t.get("params") or ()] + [f"{k}={v}" for k, v in defaults.items()]
         rows.append([str(t.get("name")), ", ".join(params) or "-", one_line(str(t.get("description") or "-"))])
     return table(["TEMPLATE", "PARAMETERS", "DESCRIPTION"], rows)
-
-
-def cancel_summary(reply: Mapping[str, Any]) -> str:
-    """One line for a `cancel` reply: what was cancelled now and what is still stopping."""
-    cancelled = list(reply.get("cancelled") or [])
-    stopping = list(reply.get("stopping") or [])
-    if not cancelled and not stopping:
-        return "nothing to cancel: no task was waiting or running"
-    dependents = int(reply.get("dependents") or 0)
-    tasks_that_depend = f"{dependents} task{'s' * (dependents != 1)} that depend{'s' * (dependents == 1)} on it"
-    if len(cancelled) + len(stopping) == 1:
-        if cancelled:
-            return f"cancelled {cancelled[0]}" + (f", and the {tasks_that_depend}" if dependents else "")
-        line = f"stopping {stopping[0]} (cancel sent to the running task)"
-        verb = "is" if dependents == 1 else "are"
-        return line + (f"; the {tasks_that_depend} {verb} cancelled once it stops" if dependents else "")
-    parts = []
-    if cancelled:
-        parts.append(f"cancelled {len(cancelled)} task{'s' * (len(cancelled) != 1)}")
-    if stopping:
-        parts.append(f"stopping {len(stopping)} running task{'s' * (len(stopping) != 1)}")
-    return ", ".join(parts)
 
 
 def counted(count: int, noun: str) -> str:

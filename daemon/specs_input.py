@@ -22,6 +22,7 @@ SPEC_FLAGS = {
     "material_id": "--material",
     "timeout": "--timeout",
     "queue": "--queue",
+    "hold": "--hold",
 }
 
 
@@ -42,6 +43,8 @@ def spec_from_options(task_type: str, options: dict[str, Any]) -> dict[str, Any]
             spec[field] = options[field]
     if options["depends_on"]:
         spec["depends_on"] = list(options["depends_on"])
+    if options.get("hold"):
+        spec["hold"] = True
     for field, value in spec.items():
         _check_text(value, "TYPE" if field == "type" else SPEC_FLAGS[field])
     return spec

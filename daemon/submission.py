@@ -33,6 +33,7 @@ SPEC_FIELDS = frozenset(
         "material_id",
         "timeout",
         "queue",
+        "hold",
     }
 )
 
@@ -52,6 +53,7 @@ class TaskSpec:
     queue: str | None = None  # named by the submitter; None: routed by type (daemon/queues.py)
     key: str | None = None
     id: str | None = None
+    hold: bool = False  # stored held: never claimed until a user releases it (SPEC §14)
     # Set by templates only, never from a request: the payload names dependencies' results by
     # position ("{@0-download.output}", braces of its own doubled), to fill in at dispatch.
     payload_refs: bool = False
@@ -63,6 +65,12 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
         raise SubmissionRefused(f"{name} must be an integer, not {json.dumps(value)}")
     if not low <= value <= high:
         raise SubmissionRefused(f"{name} must be between {low} and {high}, not {value}")
+    return value
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SubmissionRefused(f"{name} must be true or false, not {json.dumps(value)}")
     return value
 
 
@@ -138,6 +146,7 @@ def parse_spec(data: Mapping[str, Any]) -> TaskSpec:
         queue=queue,
         key=_optional_text(data.get("key"), "key"),
         id=task_id,
+        hold=_flag(data.get("hold", False), "hold"),
     )
 
 

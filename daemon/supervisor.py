@@ -60,6 +60,7 @@ class CancelReport:
     # A task's cancel: the tasks that depend on it, not ended, which its cancel cancels with it
     # (at once for a waiting task, once a running one has stopped). A run's: counted in `cancelled`.
     dependents: int = 0
+    run: str | None = None  # the run's id, when a run was cancelled
 
 
 class LoopIO(Protocol):
@@ -415,6 +416,10 @@ class Supervisor:
             self._shutdown_deadline = now + self._pending_grace
             log.info("shutdown_started", running=len(self.running), grace=self._pending_grace)
             self.notifier.stopping(f"stopping: {len(self.running)} tasks still running")
+            # A task its user paused cannot finish within the grace: put back (held) at once.
+            for rt in list(self.running.values()):
+                if rt.paused_since is not None and rt.paused_by == "user":
+                    self._request_stop(rt.task.id, "shutdown", now)
 
     # --- database faults (SPEC §13) -------------------------------------------------------------
 
@@ -877,7 +882,7 @@ class Supervisor:
                 raise InvalidTransition(target_id, run.status.value, models.TaskStatus.CANCELLED.value,
                                         f"workflow run {target_id} is {run.status.value}: nothing to cancel")
             log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
-            return CancelReport(outcome.cancelled, tuple(stopping))
+            return CancelReport(outcome.cancelled, tuple(stopping), run=target_id)
         task = tasks.get(self.conn, target_id)
         dependents = tasks.active_downstream(self.conn, task.id)
         if self._request_stop(task.id, "cancel", now, requested=True):

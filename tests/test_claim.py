@@ -123,7 +123,7 @@ def test_delayed_retries_are_not_in_the_ready_index(conn: sqlite3.Connection) ->
     tasks.start(conn, task_id, now=T0)
     tasks.retry(conn, task_id, error="e", error_type="EXCEPTION", not_before=T0 + 5, now=T0)
     in_ready = conn.execute("SELECT count(*) FROM task INDEXED BY task_ready "
-                            "WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0").fetchone()[0]
+                            "WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0").fetchone()[0]
     assert in_ready == 0
     assert store_steps.claim_next(conn, T0 + 5).id == task_id
 

@@ -51,7 +51,7 @@ def test_clean_removes_finished_runs_and_their_logs_and_keeps_what_unfinished_ta
     assert kept == {upstream, hang, downstream}
 
     assert fredica(d, "clean", "--older-than", "1d").stdout == "removed 0 runs, 0 tasks, 0 logs\n"
-    d.data("cancel", id=hang)
+    d.data("cancel", ids=[hang])
     d.wait_task(downstream, "cancelled")
     d.wait_task(hang, "cancelled")
     again = fredica(d, "clean", "--older-than", "0", "--status", "cancelled", "--json")

@@ -456,37 +456,88 @@ def test_show_unknown_id_exits_1(fake, fredica):
 # --- cancel, pause, resume ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "reply, line",
-    [
-        ({"cancelled": [ID_A], "stopping": []}, f"cancelled {ID_A}"),
-        ({"cancelled": [], "stopping": [ID_A]}, f"stopping {ID_A} (cancel sent to the running task)"),
-        ({"cancelled": [ID_A], "stopping": [], "dependents": 9999},
-         f"cancelled {ID_A}, and the 9999 tasks that depend on it"),
-        ({"cancelled": [], "stopping": [ID_A], "dependents": 1},
-         f"stopping {ID_A} (cancel sent to the running task); the 1 task that depends on it is cancelled once it stops"),
-        ({"cancelled": [ID_A, ID_B], "stopping": [RUN]}, "cancelled 2 tasks, stopping 1 running task"),
-    ],
-)
-def test_cancel_prints_a_summary(fake, fredica, reply, line):
-    fake.handlers["cancel"] = reply
-    result = fredica("cancel", ID_A)
-    assert (result.exit_code, result.stdout) == (0, line + "\n")
-    assert fake.requests == [("cancel", {"id": ID_A})]
+def ok_result(target: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"id": target, "ok": True, "message": message, **extra}
+
+
+def refused_result(target: str, message: str, kind: str = "InvalidTransition") -> dict[str, Any]:
+    return {"id": target, "ok": False, "message": message, "kind": kind}
+
+
+def test_cancel_prints_the_daemons_line_for_each_id(fake, fredica):
+    fake.handlers["cancel"] = {"results": [
+        ok_result(ID_A, f"cancelled {ID_A}, and the 9999 tasks that depend on it", dependents=9999),
+        ok_result(RUN, f"run {RUN}: cancelled 2 tasks, stopping 1 running task"),
+    ]}
+    result = fredica("cancel", ID_A, RUN[:6])
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"cancelled {ID_A}, and the 9999 tasks that depend on it",
+                                          f"run {RUN}: cancelled 2 tasks, stopping 1 running task"]
+    assert fake.requests == [("cancel", {"ids": [ID_A, RUN[:6]]})]
+
+
+def test_a_refused_id_is_an_error_line_and_exit_1_and_the_others_are_still_reported(fake, fredica):
+    fake.handlers["hold"] = {"results": [
+        ok_result(ID_A, f"held {ID_A}"),
+        refused_result("nope", "no task has id nope", "UnknownTask"),
+        refused_result(ID_B, f"task {ID_B} is running: only a waiting task can be held"),
+    ]}
+    result = fredica("hold", ID_A, "nope", ID_B)
+    assert result.exit_code == 1
+    assert result.stdout == f"held {ID_A}\n"
+    assert result.stderr.splitlines() == ["error: no task has id nope",
+                                          f"error: task {ID_B} is running: only a waiting task can be held"]
 
 
 def test_pause_and_resume(fake, fredica):
-    fake.handlers["pause"] = task(ID_A, status="running", is_paused=True)
-    fake.handlers["resume"] = task(ID_A, status="running")
+    fake.handlers["pause"] = {"results": [ok_result(ID_A, f"paused {ID_A}", is_paused=True)]}
+    fake.handlers["resume"] = {"results": [ok_result(ID_A, f"resumed {ID_A}", is_paused=False)]}
     assert fredica("pause", ID_A).stdout == f"paused {ID_A}\n"
     assert fredica("resume", ID_A).stdout == f"resumed {ID_A}\n"
-    assert fake.requests == [("pause", {"id": ID_A}), ("resume", {"id": ID_A})]
+    assert fake.requests == [("pause", {"ids": [ID_A]}), ("resume", {"ids": [ID_A]})]
 
 
 def test_pausing_what_cannot_be_paused_exits_1(fake, fredica):
-    fake.handlers["pause"] = Refuse("NotPausable", f"task {ID_A} is not pausable")
+    fake.handlers["pause"] = {"results": [refused_result(ID_A, f"task {ID_A} is not pausable", "NotPausable")]}
     result = fredica("pause", ID_A)
-    assert (result.exit_code, result.stderr) == (1, f"error: task {ID_A} is not pausable\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"error: task {ID_A} is not pausable\n")
+
+
+@pytest.mark.parametrize("command", ["cancel", "pause", "resume", "hold", "release"])
+def test_the_selectors_are_sent_combined(fake, fredica, command):
+    fake.handlers[command] = {"results": [ok_result(ID_A, "done")]}
+    result = fredica(command, "--run", RUN[:8], "--status", "held", "--status", "waiting", "--type", "echo")
+    assert (result.exit_code, result.stdout) == (0, "done\n")
+    assert fake.requests == [(command, {"run": RUN[:8], "type": "echo", "status": ["held", "waiting"]})]
+
+
+def test_priority_takes_a_negative_number_before_the_ids_or_selectors(fake, fredica):
+    fake.handlers["priority"] = {"results": [ok_result(ID_A, f"priority -5: {ID_A}")]}
+    assert fredica("priority", "-5", ID_A).stdout == f"priority -5: {ID_A}\n"
+    assert fredica("priority", "7", "--status", "held").exit_code == 0
+    assert fake.requests == [("priority", {"ids": [ID_A], "priority": -5}),
+                             ("priority", {"status": ["held"], "priority": 7})]
+
+
+def test_a_selector_that_matches_nothing_is_one_line_and_exit_1(fake, fredica):
+    fake.handlers["release"] = Refuse("NothingSelected", "no task matches --status held")
+    result = fredica("release", "--status", "held")
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", "error: no task matches --status held\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["hold"],  # neither ids nor selectors
+    ["cancel", ID_A, "--run", RUN],  # both
+    ["priority", "high", ID_A],
+    ["priority"],
+    ["release", "--status", "asleep"],
+    ["restarts", "recreate"],
+    ["restarts", "dismiss", "3", "--all"],
+])
+def test_bulk_usage_errors_exit_2_and_send_nothing(fake, fredica, args):
+    result = fredica(*args)
+    assert result.exit_code == 2, result.output
+    assert fake.requests == []
 
 
 # --- reaching the daemon, config ----------------------------------------------------------------
@@ -994,17 +1045,20 @@ def test_restarts_empty(fake, fredica):
 
 
 def test_restarts_dismiss_and_recreate(fake, fredica, cfg):
-    fake.handlers["restarts_dismiss"] = restart_entry(disposition="dismissed")
-    done = f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})"
-    fake.handlers["restarts_recreate"] = {"results": [{"id": "4", "ok": True, "message": done, "run_id": RUN}]}
+    fake.handlers["restarts_dismiss"] = {"results": [ok_result("3", "dismissed 3", task_id=ID_A)]}
+    fake.handlers["restarts_recreate"] = {"results": [
+        ok_result("4", f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})", run_id=RUN)]}
     assert fredica("restarts", "dismiss", "3").stdout == "dismissed 3\n"
     result = CliRunner().invoke(cli.main, ["restarts", "recreate", "4", "--config", cfg])
-    assert (result.exit_code, result.stdout) == (0, f"{done}\n")
-    assert fake.requests == [("restarts_dismiss", {"id": 3}), ("restarts_recreate", {"ids": ["4"]})]
+    assert (result.exit_code, result.stdout) == (0, f"recreated entry 4 (task {ID_A[:8]}) as {ID_B[:8]} (run {RUN[:8]})\n")
+    assert fredica("restarts", "dismiss", "--all", "--run", RUN[:8]).exit_code == 0
+    assert fake.requests == [("restarts_dismiss", {"ids": ["3"]}), ("restarts_recreate", {"ids": ["4"]}),
+                             ("restarts_dismiss", {"all": True, "run": RUN[:8]})]
 
 
 def test_restarts_dismiss_of_an_unknown_entry_exits_1(fake, fredica):
-    fake.handlers["restarts_dismiss"] = Refuse("UnknownRestartEntry", "no restart-log entry has id 99")
+    fake.handlers["restarts_dismiss"] = {"results": [
+        refused_result("99", "no restart-log entry has id 99", "UnknownRestartEntry")]}
     result = fredica("restarts", "dismiss", "99")
     assert (result.exit_code, result.stderr) == (1, "error: no restart-log entry has id 99\n")
 
@@ -1055,3 +1109,11 @@ def test_durations(seconds, text):
 
 def test_ages():
     assert [render.age(1000 - delta, 1000) for delta in (5, 300, 7200, 172800)] == ["5s", "5m", "2h", "2d"]
+
+
+def test_submit_hold_sends_the_task_held_and_for_a_batch_every_line(fake, fredica):
+    fake.handlers["submit"] = {"run_id": RUN, "tasks": [{"id": ID_A, "created": True}]}
+    assert fredica("submit", "ECHO", "--hold").stdout == f"{ID_A}\n"
+    assert fredica("submit", "--batch", "-", "--hold", input='{"type": "ECHO"}\n{"type": "ECHO"}\n').exit_code == 0
+    assert [args["tasks"] for _, args in fake.requests] == [
+        [{"type": "ECHO", "hold": True}], [{"type": "ECHO", "hold": True}, {"type": "ECHO", "hold": True}]]

@@ -87,7 +87,8 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     # Recreate brings back the interrupted task and the dependent its failure cancelled.
     entry = next(e for e in entries if e["task_id"] == grand_id)
     pid_file.unlink()
-    (recreated,) = d.data("restarts_recreate", ids=[str(entry["id"])])["results"]
+    [recreated] = d.data("restarts_recreate", ids=[str(entry["id"])])["results"]
+    assert recreated["ok"] and recreated["id"] == str(entry["id"])
     new_run = d.data("show", id=recreated["run_id"])["object"]
     assert [t["type"] for t in new_run["tasks"]] == ["GRANDCHILD", "ECHO"]
     assert new_run["tasks"][1]["depends_on"] == [new_run["tasks"][0]["id"]]
@@ -95,11 +96,13 @@ def test_kill9_then_restart_recovers_as_spec_9_says(daemons, tmp_path: Path) -> 
     assert listed[entry["id"]]["disposition"] == "recreated"
     assert listed[entry["id"]]["new_workflow_run_id"] == recreated["run_id"]
     wait_for(pid_file.exists)
-    d.data("cancel", id=recreated["run_id"])
+    d.data("cancel", ids=[recreated["run_id"]])
     assert d.wait_task(new_run["tasks"][0]["id"], "cancelled")
     other = next(e for e in entries if e["task_id"] == hang)
-    assert d.data("restarts_dismiss", id=other["id"])["disposition"] == "dismissed"
-    assert d.request("restarts_dismiss", id=other["id"])["ok"] is False  # already resolved
+    [dismissed] = d.data("restarts_dismiss", ids=[str(other["id"])])["results"]
+    assert dismissed == {"id": str(other["id"]), "ok": True, "message": f"dismissed {other['id']}", "task_id": hang}
+    [again] = d.data("restarts_dismiss", ids=[str(other["id"])])["results"]
+    assert not again["ok"] and "already dismissed" in again["message"]  # already resolved
     assert d.data("restarts") == []
 
     # A second restart supersedes nothing already resolved, and logs nothing new: no task ran.
@@ -327,7 +330,9 @@ def test_garbage_oversized_and_half_written_frames(daemons) -> None:
         "nested too deeply": frame(b'{"v": 1, "op": "ls", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
         "id not a string": frame(b'{"v": 1, "op": "show", "args": {"id": [1]}}'),
         "limit not a number": frame(b'{"v": 1, "op": "runs", "args": {"limit": "x"}}'),
-        "entry id too big": frame(b'{"v": 1, "op": "restarts_dismiss", "args": {"id": 99999999999999999999999}}'),
+        "entry ids not strings": frame(b'{"v": 1, "op": "restarts_dismiss", "args": {"ids": [99999999999999999999999]}}'),
+        "ids and selectors": frame(b'{"v": 1, "op": "hold", "args": {"ids": ["abcd"], "type": "ECHO"}}'),
+        "unknown status": frame(b'{"v": 1, "op": "hold", "args": {"status": "asleep"}}'),
         "template not a string": frame(
             b'{"v": 1, "op": "submit", "args": {"tasks": [{"type": "ECHO"}], "template": {"a": 1}}}'
         ),

@@ -102,3 +102,14 @@ def test_status_takes_the_words_ls_takes(tmp_path: Path) -> None:
     assert [json.loads(line)["id"] for line in waiting.stdout.splitlines()] == ids[1:]
     both = CliRunner().invoke(cli.main, ["--config", config, "export", "--status", "waiting", "--status", "completed"])
     assert [json.loads(line)["id"] for line in both.stdout.splitlines()] == ids
+
+
+def test_a_held_task_says_so(tmp_path: Path) -> None:
+    conn = db.open_database(tmp_path / "fredica.db")
+    try:
+        tasks.submit(conn, [parse_spec({"type": "ECHO", "hold": True}), parse_spec({"type": "ECHO"})], now=T0)
+    finally:
+        conn.close()
+    result = CliRunner().invoke(cli.main, ["--config", str(config_for(tmp_path)), "export"])
+    assert [(r["status"], r["is_held"]) for r in map(json.loads, result.stdout.splitlines())] == [
+        ("pending", 1), ("pending", 0)]

@@ -44,7 +44,7 @@ def test_sigterm_lets_short_tasks_finish_and_requeues_the_rest(tmp_path: Path, d
     (tmp_path / "long.gate").touch()
     assert "finished_at" in d.wait_task(long, "completed", timeout=60)["result"]
     assert d.wait_task(stubborn, "running")["status"] == "running"
-    d.data("cancel", id=stubborn)
+    d.data("cancel", ids=[stubborn])
     d.wait_task(stubborn, "cancelled")
     events = [e for e in d.log_events() if e.get("task_id") == long]
     assert any(e["event"] == "task_interrupted" and e.get("by") == "shutdown" for e in events)

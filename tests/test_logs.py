@@ -69,7 +69,7 @@ def test_every_task_event_carries_its_task_and_run(daemons, tmp_path: Path) -> N
     d.wait_task(d.submit("ECHO"), "completed")
     hang = d.submit("HANG", payload={"ready_file": str(tmp_path / "ready")})
     d.wait_task(hang, "running")
-    d.data("cancel", id=hang)
+    d.data("cancel", ids=[hang])
     d.wait_task(hang, "cancelled")
     events = [e for e in d.log_events() if e.get("logger") == "fredica.supervisor" and e["event"].startswith("task_")]
     assert {"task_started", "task_retrying", "task_failed", "task_completed", "task_cancelled"} <= {

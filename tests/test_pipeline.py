@@ -92,7 +92,7 @@ def test_the_example_pipeline_started_twice_at_once_downloads_and_transcodes_onc
     # Both tasks of the second are the first's (idempotency keys): no second ffmpeg on clip.mp4.
     assert second["run_id"] is None
     assert [(t["id"], t["created"]) for t in second["tasks"]] == [(t["id"], False) for t in first["tasks"]]
-    d.data("cancel", id=gate)
+    d.data("cancel", ids=[gate])
     transcode = d.wait_task(first["tasks"][1]["id"], "completed", "failed", timeout=90)
     assert transcode["status"] == "completed", transcode["error"]
     assert transcode["idempotency_key"] == "clip:TRANSCODE_MP4"

@@ -225,7 +225,7 @@ def test_the_daemons_idle_executor_processes_exit_after_the_timeout(daemons: Any
     busy = {psutil.Process(d.task(task_id)["executor_pid"]).ppid() for task_id in ids}  # their launchers
     assert len(busy) == 4 and busy <= daemon_executor_pids(d)
     for task_id in ids:
-        d.data("cancel", id=task_id)
+        d.data("cancel", ids=[task_id])
     for task_id in ids:
         d.wait_task(task_id, "cancelled")
     # Idle now, all five (the four and the spare), and each exits once idle for 0.5 s; a spare

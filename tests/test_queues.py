@@ -338,7 +338,7 @@ def test_waiting_tasks_are_rerouted_when_the_config_changes(daemons: Callable[..
     d.wait_task(named, "completed")
     events = [e for e in d.log_events() if e.get("event") == "tasks_rerouted"]
     assert len(events) == 1 and events[0]["tasks"] == 2 and events[0]["to_queues"] == {"media": 1, "default": 1}
-    d.request("cancel", id=routed)
+    d.request("cancel", ids=[routed])
     assert d.stop(signal.SIGTERM) == 0
 
 

@@ -441,3 +441,28 @@ def test_a_paused_task_shows_why_as_its_status_text_and_its_own_text_again_after
     s.at(5.1)
     row = s.task(task_id)
     assert not row.is_paused and row.status_text == "still counting"
+
+
+def test_at_shutdown_a_task_its_user_paused_is_put_back_held_at_once(stepped: Callable[..., Stepped]) -> None:
+    # SPEC §14: a user's pause outlives the restart, as a hold. It cannot finish within the
+    # grace, so it is stopped at once. A task that paused itself, or runs, gets the grace, and
+    # comes back waiting: its executor asks again if it still must.
+    s = stepped(shutdown_grace=5.0, cancel_grace=1.0, max_workers=3)
+    by_user, by_itself, going = s.submit("COUNT"), s.submit("COUNT"), s.submit("COUNT")
+    s.at(0.0)
+    s.request(0.5, lambda: s.sup.pause(by_user))
+    s.process(by_itself).send({"type": "pause_request", "reason": "need a human"})
+    s.at(0.6)
+    s.sup.request_stop()
+    s.at(1.0)  # the deadline: 6.0
+    assert s.process(by_user).told("cancel") == [("cancel", s.sup.running[by_user].token, "shutdown")]
+    assert not s.process(by_itself).told("cancel") and not s.process(going).told("cancel")
+    s.process(by_user).result(error="cancelled", error_type=models.CANCELLED)
+    s.at(1.1)
+    row = s.task(by_user)
+    assert (row.status, row.is_held, row.display_status, row.retry_count) == (TaskStatus.PENDING, True, "held", 0)
+    s.at(6.0)
+    for task_id in (by_itself, going):
+        s.process(task_id).result(error="cancelled", error_type=models.CANCELLED)
+    s.at(6.1)
+    assert [s.task(t).display_status for t in (by_user, by_itself, going)] == ["held", "waiting", "waiting"]

@@ -273,7 +273,7 @@ def test_a_stopped_transcode_never_shows_100_or_finishing(daemons: Any, clip: Pa
     task_id = d.submit("TRANSCODE_MP4", payload=payload, **({"timeout": 1.0} if stop == "timeout" else {}))
     if stop == "cancel":
         wait_for(lambda: d.task(task_id)["progress"] > 0)
-        d.data("cancel", id=task_id)
+        d.data("cancel", ids=[task_id])
     task = d.wait_task(task_id, "cancelled", "failed")
     assert task["error_type"] == {"cancel": models.CANCELLED, "timeout": "TIMEOUT"}[stop]
     assert task["progress"] < 100 and "finishing" not in (task["status_text"] or ""), task

@@ -93,6 +93,9 @@ class Attempt:
     # them again after a tick whose writes were rolled back.
     paused_since: float | None = None
     paused_by: str | None = None  # "user" or "executor" (its own request_pause)
+    # Whether a user had paused it when its stop came (a stop wakes it: `paused_by` is cleared).
+    # Put back by a shutdown, it then comes back held (SPEC §14).
+    paused_by_user_at_stop: bool = False
     pause_text: str | None = None  # while paused: what its status text says instead of its own
     paused_seconds: float = 0.0
     pausable: bool = False
@@ -131,6 +134,7 @@ class Attempt:
         if self.phase not in (Phase.ASSIGNED, Phase.RUNNING):
             return False
         self.stop_reason = reason
+        self.paused_by_user_at_stop = self.paused_since is not None and self.paused_by == "user"
         self._advance(Phase.STOPPING, now)
         return True
 
@@ -139,6 +143,7 @@ class Attempt:
         attempt was before it). An attempt that reported or exited in that same tick keeps its
         phase (its outcome is real), but not the stop's reason, which would relabel it."""
         self.stop_reason = reason
+        self.paused_by_user_at_stop = False
         self.entered.pop(Phase.STOPPING, None)
         if self.phase is Phase.STOPPING:
             self.phase = phase

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from daemon import models
 from daemon.models import Task, TaskStatus
-from daemon.store.tasks import _status_clause  # the one spelling of the status words in SQL
+from daemon.store.tasks import status_clause  # the one spelling of the status words in SQL
 
 # The order `--sort status` shows: what needs a look (running, waiting) before what has ended.
 _STATUS_ORDER = (TaskStatus.RUNNING, TaskStatus.CLAIMED, TaskStatus.PENDING, TaskStatus.FAILED,
@@ -58,7 +58,7 @@ class TaskQuery:
         clauses: list[str] = []
         params: dict[str, Any] = {"now": self.now}
         if self.status is not None:
-            clause, values = _status_clause(list(self.status))
+            clause, values = status_clause(list(self.status))
             for index, value in enumerate(values):
                 clause = clause.replace("?", f":status{index}", 1)
                 params[f"status{index}"] = value
@@ -133,10 +133,11 @@ def counts_by_display_status(conn: sqlite3.Connection, run_id: str) -> dict[str,
     """How many of a run's tasks are in each status as people see it (waiting, paused, ...)."""
     counts: dict[str, int] = {}
     rows = conn.execute(
-        "SELECT status, is_paused, count(*) AS n FROM task WHERE workflow_run_id = ? GROUP BY status, is_paused",
+        "SELECT status, is_paused, is_held, count(*) AS n FROM task WHERE workflow_run_id = ?"
+        " GROUP BY status, is_paused, is_held",
         (run_id,),
     )
     for row in rows:
-        name = models.display_status(row["status"], bool(row["is_paused"]))
+        name = models.display_status(row["status"], bool(row["is_paused"]), bool(row["is_held"]))
         counts[name] = counts.get(name, 0) + row["n"]
     return counts

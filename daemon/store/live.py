@@ -53,7 +53,7 @@ def newest(conn: sqlite3.Connection, *, status: str | None = None, run_id: str |
            task_type: str | None = None, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
     """One page of tasks, newest first, older than seq `before` when given; with how many match
     in all (filtered as `tasks.list_tasks`)."""
-    clauses, params = tasks.filter_clauses(status=status, run_id=run_id, task_type=task_type)
+    clauses, params = tasks.filters(status=status, run_id=run_id, task_type=task_type)
     total = conn.execute(f"SELECT count(*) FROM task{_where(clauses)}", params).fetchone()[0]
     if before is not None:
         clauses, params = [*clauses, "seq < ?"], [*params, before]

@@ -244,8 +244,26 @@ CLEANING = Migration(
     ),
 )
 
+# 9: held tasks (SPEC §14). "Held" is a flag of a pending task, as "paused" is of a running one,
+# not a status of its own: the run's status, the transitions and the counters stay as they are. A
+# held task leaves the ready index, as a delayed retry does, so claiming never walks past held
+# tasks however many there are; releasing it puts it back.
+HELD_TASKS = Migration(
+    9,
+    "held tasks out of the ready index",
+    (
+        "ALTER TABLE task ADD COLUMN is_held INTEGER NOT NULL DEFAULT 0",
+        "DROP INDEX task_ready",
+        "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
+        " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0",
+        # `status` counts them, and `--status held` selects them, without reading every pending task.
+        "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
+    HELD_TASKS,
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -58,6 +58,15 @@ def list_entries(conn: sqlite3.Connection, *, include_resolved: bool = False) ->
     return [RestartEntry.from_row(row) for row in conn.execute(sql + " ORDER BY id", params)]
 
 
+def entry_ids(conn: sqlite3.Connection, *, run_id: str | None = None) -> list[int]:
+    """The ids of the entries awaiting review (of one workflow run's tasks, given `run_id`)."""
+    sql, params = "SELECT id FROM restart_task_log WHERE disposition = ?", [PENDING_REVIEW]
+    if run_id is not None:
+        sql += " AND workflow_run_id = ?"
+        params.append(run_id)
+    return [row[0] for row in conn.execute(sql + " ORDER BY id", params)]
+
+
 def get(conn: sqlite3.Connection, entry_id: int) -> RestartEntry:
     row = conn.execute("SELECT * FROM restart_task_log WHERE id = ?", (entry_id,)).fetchone()
     if row is None:

@@ -11,7 +11,7 @@ Each migration that changes the schema changes this file in the same commit, and
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 SQLITE: tuple[str, ...] = (
     """
@@ -64,7 +64,8 @@ SQLITE: tuple[str, ...] = (
         unmet_deps INTEGER NOT NULL DEFAULT 0,
         payload_refs INTEGER NOT NULL DEFAULT 0,
         queue TEXT NOT NULL DEFAULT 'default',
-        queue_explicit INTEGER NOT NULL DEFAULT 0
+        queue_explicit INTEGER NOT NULL DEFAULT 0,
+        is_held INTEGER NOT NULL DEFAULT 0
     )
     """,
     """
@@ -96,7 +97,7 @@ SQLITE: tuple[str, ...] = (
     "CREATE INDEX task_by_run ON task(workflow_run_id, status)",
     "CREATE INDEX task_by_status ON task(status)",
     "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
-    " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0",
+    " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0",
     "CREATE INDEX task_delayed ON task(not_before) WHERE status = 'pending' AND not_before > 0",
     "CREATE INDEX task_waiting_by_queue ON task(queue) WHERE status IN ('pending', 'claimed')",
     """
@@ -108,6 +109,7 @@ SQLITE: tuple[str, ...] = (
     "CREATE INDEX restart_task_log_by_task ON restart_task_log(task_id, id)",
     "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
     "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
+    "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
 )
 
 POSTGRESQL: tuple[str, ...] = (
@@ -163,7 +165,8 @@ POSTGRESQL: tuple[str, ...] = (
         unmet_deps INTEGER NOT NULL DEFAULT 0,
         payload_refs INTEGER NOT NULL DEFAULT 0,
         queue TEXT NOT NULL DEFAULT 'default',
-        queue_explicit INTEGER NOT NULL DEFAULT 0
+        queue_explicit INTEGER NOT NULL DEFAULT 0,
+        is_held INTEGER NOT NULL DEFAULT 0
     )
     """,
     """
@@ -195,7 +198,7 @@ POSTGRESQL: tuple[str, ...] = (
     "CREATE INDEX task_by_run ON task(workflow_run_id, status)",
     "CREATE INDEX task_by_status ON task(status)",
     "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
-    " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0",
+    " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0",
     "CREATE INDEX task_delayed ON task(not_before) WHERE status = 'pending' AND not_before > 0",
     "CREATE INDEX task_waiting_by_queue ON task(queue) WHERE status IN ('pending', 'claimed')",
     """
@@ -207,4 +210,5 @@ POSTGRESQL: tuple[str, ...] = (
     "CREATE INDEX restart_task_log_by_task ON restart_task_log(task_id, id)",
     "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
     "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
+    "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
 )

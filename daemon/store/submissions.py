@@ -28,8 +28,8 @@ DEFAULT_QUEUE = "default"
 INSERT_TASK = f"""
     INSERT INTO task (id, type, workflow_run_id, material_id, status, priority, depends_on,
         payload, payload_refs, idempotency_key, max_retries, timeout, unmet_deps, queue,
-        queue_explicit, created_at)
-    VALUES (?, ?, ?, ?, {statuses.PENDING}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        queue_explicit, is_held, created_at)
+    VALUES (?, ?, ?, ?, {statuses.PENDING}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ({statuses.ACTIVE}) DO NOTHING
     RETURNING seq
@@ -191,6 +191,7 @@ def _insert(
                 unmet,
                 queue,
                 int(spec.queue is not None),
+                int(spec.hold),
                 now,
             ),
         ).fetchone()

@@ -34,6 +34,7 @@ TRANSITION_FIELDS = frozenset(
         "executor_pid",
         "executor_started_at",
         "is_pausable",
+        "is_held",
     }
 )
 
@@ -63,8 +64,8 @@ def list_tasks(
 ) -> list[Task]:
     """Tasks in submission order, filtered by status(es), run and type (any case).
 
-    A status is a stored one or a word people see (`waiting`, `paused`: see `_status_clause`)."""
-    clauses, params = filter_clauses(status=status, run_id=run_id, task_type=task_type)
+    A status is a stored one or a word people see (`waiting`, `held`, `paused`: `status_clause`)."""
+    clauses, params = filters(status=status, run_id=run_id, task_type=task_type)
     sql = "SELECT * FROM task"
     if clauses:
         sql += " WHERE " + " AND ".join(clauses)
@@ -75,13 +76,15 @@ def list_tasks(
     return [Task.from_row(row) for row in conn.execute(sql, params)]
 
 
-def filter_clauses(*, status: str | Iterable[str] | None = None, run_id: str | None = None,
-                   task_type: str | None = None) -> tuple[list[str], list[Any]]:
-    """The WHERE clauses (to join with AND) and their parameters for `list_tasks`'s filters."""
+def filters(
+    *, status: str | Iterable[str] | None = None, run_id: str | None = None, task_type: str | None = None
+) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (to join with AND) and their parameters for a task filter: status
+    words (`status_clause`), a run's full id, a type in any case."""
     clauses: list[str] = []
     params: list[Any] = []
     if status is not None:
-        clause, values = _status_clause([status] if isinstance(status, str) else list(status))
+        clause, values = status_clause([status] if isinstance(status, str) else list(status))
         clauses.append(clause)
         params.extend(values)
     if run_id is not None:
@@ -96,18 +99,25 @@ def filter_clauses(*, status: str | Iterable[str] | None = None, run_id: str | N
 def status_where(words: Sequence[str]) -> tuple[str, list[str]]:
     """The SQL condition, and its parameters, that keeps the tasks in any of the status `words`
     as `list_tasks` filters them: for the readers of the task table outside this module (`export`)."""
-    return _status_clause(words)
+    return status_clause(words)
 
 
-def _status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The WHERE clause for status words: `waiting` is pending or claimed, `paused` a running task
-    that is paused; `running` is the stored status, so it takes paused tasks in too."""
+def status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The WHERE clause for status words, as people see them (SPEC §14): `waiting` is a claimed
+    task or a pending one not held, `held` a pending task that is held, `paused` a running task
+    that is paused. The stored statuses take all theirs: `running` takes paused tasks in, and
+    `pending` held ones."""
     stored = {str(word) for word in words if word in set(TaskStatus)}
-    if models.DisplayStatus.WAITING in words:
-        stored |= {str(status) for status in models.WAITING_STATUSES}
+    waiting, held = models.DisplayStatus.WAITING in words, models.DisplayStatus.HELD in words
+    if waiting:
+        stored.add(TaskStatus.CLAIMED.value)
+    if waiting and held:
+        stored.add(TaskStatus.PENDING.value)  # both halves of pending: the plain stored status
     parts = [f"status IN ({', '.join('?' * len(stored))})"] if stored else []
+    if TaskStatus.PENDING not in stored and (waiting or held):
+        parts.append(f"(status = {statuses.PENDING} AND is_held = {int(held)})")
     if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
-        parts.append("(status = 'running' AND is_paused = 1)")
+        parts.append(f"(status = {statuses.RUNNING} AND is_paused = 1)")
     if not parts:
         return "1 = 0", []  # no word that names a state: nothing matches (PostgreSQL wants a boolean)
     return "(" + " OR ".join(parts) + ")", sorted(stored)
@@ -167,6 +177,8 @@ def _transition(
         assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
     else:  # terminal
         assignments.update(completed_at=now, is_paused=0)
+    if target is not TaskStatus.PENDING:
+        assignments["is_held"] = 0  # only a pending task is held
         if target is TaskStatus.COMPLETED:
             assignments["progress"] = 100
     if "result" in assignments and assignments["result"] is not None:
@@ -360,7 +372,7 @@ def claim_ready(
         rows = conn.execute(
             f"""
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
-            WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0
+            WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0 AND is_held = 0
             ORDER BY priority DESC, seq LIMIT ?
             """,
             (queue, limit),
@@ -447,9 +459,14 @@ def retry(
         )
 
 
-def requeue(conn: sqlite3.Connection, task_id: str, *, now: float, known: Task | None = None) -> Task:
-    """claimed or running → pending without counting a retry (recovery, graceful shutdown)."""
-    return transition(conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None)
+def requeue(
+    conn: sqlite3.Connection, task_id: str, *, now: float, known: Task | None = None, hold: bool = False
+) -> Task:
+    """claimed or running → pending without counting a retry (recovery, graceful shutdown);
+    `hold`: and held, for a user to release (a task the user had paused, SPEC §14)."""
+    return transition(
+        conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None, is_held=int(hold)
+    )
 
 
 def cancel(
@@ -492,6 +509,39 @@ def cancel_waiting_in_run(
             fields={"error": reason, "error_type": models.CANCELLED},
         )
     return RunCancellation(tuple(r["id"] for r in waiting), running)
+
+
+def cancel_waiting(
+    conn: sqlite3.Connection, task_ids: Sequence[str], *, now: float, reason: str = "cancelled by user"
+) -> dict[str, int]:
+    """Cancel those of `task_ids` that are pending or claimed, in one guarded transition (a bulk
+    cancel: SPEC §14), their pending dependents with them. For each one cancelled, how many tasks
+    not yet ended depended on it, counted before; the others (running, finished, unknown) are
+    left alone for the caller."""
+    found: list[sqlite3.Row] = []
+    for start in range(0, len(task_ids), 500):
+        part = list(task_ids[start : start + 500])
+        found += conn.execute(
+            # `+status`: by the ids' index, not every waiting task's entry in the status index.
+            f"SELECT seq, id, status, workflow_run_id FROM task WHERE id IN ({', '.join('?' * len(part))})"
+            f" AND +status IN ({statuses.WAITING})", part,
+        ).fetchall()
+    if not found:
+        return {}
+    with write(conn):
+        seqs = [row["seq"] for row in found]
+        with_dependents: set[int] = set()
+        for start in range(0, len(seqs), 500):
+            part = seqs[start : start + 500]
+            with_dependents.update(row[0] for row in conn.execute(
+                f"SELECT DISTINCT depends_on_seq FROM task_dependency WHERE depends_on_seq IN ({', '.join('?' * len(part))})",
+                part))
+        # Only a task that has dependents needs its own count (a recursive query each).
+        dependents = {row["id"]: active_downstream(conn, row["id"]) if row["seq"] in with_dependents else 0
+                      for row in found}
+        _transition(conn, found, TaskStatus.CANCELLED, now=now, snapshots=False,
+                    fields={"error": reason, "error_type": models.CANCELLED})
+    return dependents
 
 
 # --- updates of a running task that do not change its status ------------------------------------
@@ -614,8 +664,12 @@ def active_downstream(conn: sqlite3.Connection, task_id: str) -> int:
 
 
 def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
-    """How many tasks are in each status (every status present, zero included)."""
+    """How many tasks are in each status (every status present, zero included), and how many
+    of the pending ones are `held` (SPEC §14: they show as held)."""
     counts = {status.value: 0 for status in TaskStatus}
     for status, count in conn.execute("SELECT status, count(*) FROM task GROUP BY status"):
         counts[status] = count
+    counts[models.DisplayStatus.HELD.value] = conn.execute(
+        f"SELECT count(*) FROM task WHERE status = {statuses.PENDING} AND is_held = 1"
+    ).fetchone()[0]
     return counts

@@ -24,7 +24,7 @@ from daemon.store.db import write
 CLAIM = f"""
     WITH ready AS MATERIALIZED (
         SELECT seq FROM task
-        WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0
+        WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0 AND is_held = 0
         ORDER BY priority DESC, seq
         LIMIT ?
         FOR UPDATE SKIP LOCKED

@@ -179,8 +179,22 @@ CLEANING = Migration(
     ),
 )
 
+# As SQLite's 9: held tasks out of the ready index.
+HELD_TASKS = Migration(
+    9,
+    "held tasks out of the ready index",
+    (
+        "ALTER TABLE task ADD COLUMN is_held INTEGER NOT NULL DEFAULT 0",
+        "DROP INDEX task_ready",
+        "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
+        " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0",
+        "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
+    HELD_TASKS,
 )
 LATEST = MIGRATIONS[-1].version
 
