@@ -47,6 +47,12 @@ def stored(d: HttpDaemon) -> int:
     return sum(d.get("/api/v1/status").data["counts"].values())
 
 
+def act(d: HttpDaemon, op: str, target: str) -> dict[str, Any]:
+    """An acting operation on one task (they take `ids`, SPEC §14): its one result."""
+    [result] = d.api(op, ids=[target])["results"]
+    return result
+
+
 def wait_status(d: HttpDaemon, task_id: str, *statuses: str) -> dict[str, Any]:
     return wait_for(lambda: (t := d.api("show", id=task_id)["object"])["status"] in statuses and t, 20)
 
@@ -68,6 +74,9 @@ def test_every_operation_of_the_protocol_table_is_served(d: HttpDaemon) -> None:
         if required:
             assert reply.status == 400 and reply.kind == "ProtocolError", (op, reply.json)
             assert f"{required[0]} is required" in reply.json["error"]["message"]
+        elif getattr(operation, "bulk", False):  # needs ids or a selector (SPEC §14)
+            assert reply.status == 400 and reply.kind == "ProtocolError", (op, reply.json)
+            assert "give at least one" in reply.json["error"]["message"], (op, reply.json)
         else:
             assert reply.status == 200 and reply.json["ok"], (op, reply.json)
 
@@ -114,8 +123,8 @@ def test_submit_run_wait_and_cancel_by_post(d: HttpDaemon) -> None:
     assert d.api("show", id=started["run_id"])["object"]["status"] == "completed"
     long_id = count_task(d)
     wait_status(d, long_id, "running")
-    cancelled = d.api("cancel", id=long_id)
-    assert cancelled["stopping"] == [long_id]
+    cancelled = act(d, "cancel", long_id)
+    assert cancelled["ok"] and cancelled["stopping"] == [long_id]
     assert wait_status(d, long_id, "cancelled")["error_type"] == "CANCELLED"
     assert {count_id, echo_id}.isdisjoint(cancelled["cancelled"])
 
@@ -123,19 +132,20 @@ def test_submit_run_wait_and_cancel_by_post(d: HttpDaemon) -> None:
 def test_pause_and_resume_and_their_refusals(d: HttpDaemon) -> None:
     task_id = count_task(d)
     wait_status(d, task_id, "running")
-    assert d.api("pause", id=task_id)["is_paused"] is True
-    again = d.post("pause", id=task_id)
-    assert again.status == 409, again.json
-    assert d.api("resume", id=task_id)["is_paused"] is False
+    # As on the socket: a bulk reply answers each target, a refusal with its kind (HTTP 200).
+    assert act(d, "pause", task_id)["is_paused"] is True
+    again = act(d, "pause", task_id)
+    assert not again["ok"], again
+    assert act(d, "resume", task_id)["is_paused"] is False
     hang_id = hang_task(d, "pause-hang")
     wait_status(d, hang_id, "running")
-    refused = d.post("pause", id=hang_id)
-    assert refused.status == 409 and refused.kind == "NotPausable", refused.json
+    refused = act(d, "pause", hang_id)
+    assert not refused["ok"] and refused["kind"] == "NotPausable", refused
     for target in (task_id, hang_id):
-        d.api("cancel", id=target)
+        act(d, "cancel", target)
     wait_status(d, task_id, "cancelled")
-    finished = d.post("pause", id=task_id)
-    assert finished.status == 409 and finished.kind in ("InvalidTransition", "NotPausable"), finished.json
+    finished = act(d, "pause", task_id)
+    assert not finished["ok"] and finished["kind"] in ("InvalidTransition", "NotPausable"), finished
 
 
 @pytest.mark.skipif("retry" not in protocol.OPERATIONS, reason="this daemon has no retry operation")
@@ -177,8 +187,8 @@ def test_bad_input_is_refused_in_one_line_with_its_status(d: HttpDaemon) -> None
         (d.post("submit", tasks=[{"type": "ECHO", "depends_on": ["ffffffff-0000"]}]), None, None, ""),
         (d.get("/api/v1/show?id=ab"), 400, "IdTooShort", "at least 4"),
         (d.get("/api/v1/show?id=ffffffff"), 404, "UnknownTask", "ffffffff"),
-        (d.post("cancel", id="ffffffff"), 404, None, "ffffffff"),
-        (d.post("restarts_dismiss", id=999_999), 404, "UnknownRestartEntry", "999999"),
+        (d.post("cancel", id="ffffffff"), 400, "ProtocolError", 'cancel does not take "id"'),
+        (d.post("cancel"), 400, "ProtocolError", "give at least one id"),
         (d.get("/api/v1/nope"), 404, "ProtocolError", 'unknown request "nope"'),
         (d.get("/api/v1/cancel?id=x"), 405, "ProtocolError", "POST it"),
     ]
@@ -345,7 +355,7 @@ def test_metrics(d: HttpDaemon) -> None:
     assert metric(text, "fredica_attempt_duration_seconds_bucket", type="ECHO", le="+Inf") >= 1
     assert metric(text, "fredica_database_faults_total") == 0
     assert metric(text, "fredica_database_fault_active") == 0
-    d.api("cancel", id=hang_id)
+    act(d, "cancel", hang_id)
     wait_status(d, hang_id, "cancelled")
     assert metric(d.get("/metrics").body.decode(), "fredica_tasks_finished_total", status="cancelled") >= 1
 
@@ -378,7 +388,7 @@ def test_token_file_is_private_kept_across_restarts_and_printed(tmp_path: Path) 
         # SIGTERM with a live stream open: the daemon still stops cleanly, and soon.
         stream = sse_events(d, "/api/v1/events")
         next(stream)
-        d.api("cancel", id=recreated[0]["new_id"])
+        act(d, "cancel", recreated[0]["new_id"])
         assert d.stop(signal.SIGTERM, timeout=20) == 0
         stream.close()
     finally:
@@ -497,7 +507,7 @@ def test_clients_waiting_for_tasks_never_hold_up_other_requests(d: HttpDaemon) -
         assert d.get(f"/api/v1/show?id={hang_id}").status == 200
         assert time.monotonic() - started < 4, "requests waited for the waits"
         assert [w.result(60) for w in waits] == [200] * 30
-    d.api("cancel", id=hang_id)
+    act(d, "cancel", hang_id)
 
 
 def test_corruption_met_by_a_read_of_the_page_ends_the_daemon(tmp_path: Path) -> None:

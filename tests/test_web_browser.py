@@ -159,7 +159,7 @@ def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any) -> None:
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
         assert errors == []
-        d.api("cancel", id=new_task["id"])
+        d.api("cancel", ids=[new_task["id"]])
     finally:
         d.kill_if_running()
 
