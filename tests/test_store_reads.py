@@ -30,6 +30,7 @@ def test_counts_by_status_include_every_status(conn: sqlite3.Connection) -> None
     tasks.start(conn, ids[0], now=T0)
     assert tasks.count_by_status(conn) == {
         "pending": 3, "claimed": 0, "running": 1, "completed": 0, "failed": 0, "cancelled": 0,
+        "held": 0,  # the held part of pending (SPEC §14)
     }
 
 
