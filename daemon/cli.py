@@ -38,7 +38,20 @@ def _sleep(seconds: float) -> None:
 
 
 class FredicaGroup(click.Group):
-    """Turns the errors every command may meet into one line on stderr and the exit status."""
+    """Turns the errors every command may meet into one line on stderr and the exit status.
+
+    The acting commands (`daemon.acting_commands`) are registered the first time a command that is
+    not here yet is looked up, or all are listed: `fredica status`, run from scripts and prompts,
+    does not pay for importing them (SPEC §14: status within 120 ms)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            _register_acting_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _register_acting_commands()
+        return super().list_commands(ctx)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -699,6 +712,8 @@ def http_token() -> None:
     click.echo(token)
 
 
-# The acting commands (cancel, pause, resume, hold, release, priority, restarts dismiss|recreate)
-# are registered on `main` and `restarts` by their own module, which uses this one's helpers.
-from daemon import acting_commands  # noqa: E402,F401
+def _register_acting_commands() -> None:
+    """The acting commands (cancel, pause, resume, hold, release, priority, retry, restarts
+    dismiss|recreate) are registered on `main` and `restarts` by their own module, which uses this
+    one's helpers: imported once, when first needed (see FredicaGroup)."""
+    from daemon import acting_commands  # noqa: F401
