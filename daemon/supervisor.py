@@ -46,6 +46,11 @@ T = TypeVar("T")
 # Messages read from one child per tick: enough to keep up with any honest executor, small enough
 # that a child flooding its channel cannot starve the others or the loop.
 DRAIN_LIMIT = 2000
+# Claims (and starts) of one tick at most. Its attempts are handed to their processes only after
+# its commit, and the control socket is served between ticks: a burst of 10,000 ready tasks in
+# one tick would start none for seconds and leave every client waiting as long. The next tick
+# follows at once while more are claimable.
+CLAIMS_PER_TICK = 256
 # How long a request waits for the loop before it is withdrawn: shorter than a client waits for
 # its answer (daemon.client), so that the client hears "nothing was done" rather than time out.
 CALL_TIMEOUT = 20.0
@@ -143,6 +148,7 @@ class Supervisor:
         self.attempt_observers: list[Callable[[Attempt], None]] = []
         self.keep_finished = cleaning.KeepFinished(settings.keep_finished)
         self.io: LoopIO | None = None  # the control socket, when the loop drives it (`attach_io`)
+        self._claims_left = False  # the last tick's claims stopped at CLAIMS_PER_TICK
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -539,8 +545,10 @@ class Supervisor:
             for loops in self.loops.values():
                 loops.tick(now)
             self._remove_finished(now)
-        elif now >= self._shutdown_deadline:
-            self._interrupt_all(now)
+        else:
+            self._claims_left = False  # nothing more is claimed: no reason to tick at once
+            if now >= self._shutdown_deadline:
+                self._interrupt_all(now)
         if self.notifier.enabled:
             # The time of the ping, not of the tick's start: a tick that started a fork server
             # took long, and the next ping must be spaced from when this one was sent.
@@ -595,6 +603,8 @@ class Supervisor:
         """Each queue that is not paused claims into its own free workers, by priority, then
         submission order, among its own tasks: a full queue holds no other back."""
         promote = self._delayed_possible  # once a tick: claim_ready makes due retries ready
+        budget = CLAIMS_PER_TICK
+        self._claims_left = False
         again = True
         while again:
             again = False
@@ -603,7 +613,8 @@ class Supervisor:
                 free = self._free(queue, busy)
                 if free <= 0:
                     continue
-                batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote)
+                batch = tasks.claim_ready(self.conn, now, min(free, budget), queue=queue, promote_delayed=promote)
+                budget -= len(batch)
                 promote = False
                 running_before = len(self.running)
                 for task in batch:
@@ -614,6 +625,9 @@ class Supervisor:
                 # was claimed.
                 if len(self.running) - running_before < len(batch):
                     again = True
+                if budget <= 0:  # there may be more: the next tick, at once (`_next_timeout`)
+                    self._claims_left = True
+                    return
 
     def _dispatch_claimed(self, task: Task, now: float) -> None:
         try:
@@ -631,6 +645,8 @@ class Supervisor:
         """How long the loop may sleep. Reading the earliest delayed retry here is also what
         clears `_delayed_possible` when there is none."""
         s = self.settings
+        if self._claims_left:
+            return 0.0
         timeout = s.poll_interval if self.running else s.idle_poll_interval
         deadlines = []
         busy = self.busy_by_queue() if self._delayed_possible else {}

@@ -24,7 +24,7 @@ from daemon.models import Task, TaskStatus
 from daemon.store import queues as queue_store
 from daemon.store import tasks
 from daemon.submission import parse_spec
-from daemon.supervisor import Supervisor
+from daemon.supervisor import CLAIMS_PER_TICK, Supervisor
 from tests.conftest import wait_for
 from tests.fake_processes import FakeProcesses
 
@@ -466,3 +466,16 @@ def test_at_shutdown_a_task_its_user_paused_is_put_back_held_at_once(stepped: Ca
         s.process(task_id).result(error="cancelled", error_type=models.CANCELLED)
     s.at(6.1)
     assert [s.task(t).display_status for t in (by_user, by_itself, going)] == ["held", "waiting", "waiting"]
+
+
+def test_a_burst_of_ready_tasks_is_claimed_a_bounded_number_per_tick_with_no_sleep_between(
+    stepped: Callable[..., Stepped],
+) -> None:
+    # All in one tick, none would start before its commit (seconds for 10,000), and the control
+    # socket would wait as long; a bounded tick commits, hands its attempts over, and comes back.
+    s = stepped(max_workers=CLAIMS_PER_TICK + 44, tasks_per_process=1_000_000)
+    batch = [parse_spec({"type": "ECHO"}) for _ in range(CLAIMS_PER_TICK + 44)]
+    s.sup.submit(batch)
+    assert s.at(1.0) == 0.0  # more claimable: the next tick at once
+    assert len(s.sup.running) == CLAIMS_PER_TICK
+    assert s.at(1.0) > 0.0 and len(s.sup.running) == CLAIMS_PER_TICK + 44
