@@ -13,10 +13,13 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from daemon import durations, queues, templates
+from daemon import durations, queues
 from daemon.errors import ConfigError, FredicaError  # noqa: F401 (ConfigError re-exported: this module's errors live in the catalogue)
+
+if TYPE_CHECKING:  # imported only by a config that has templates: `fredica status` reads most configs
+    from daemon import templates
 
 
 
@@ -236,11 +239,15 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
     raw_templates = data.get("templates", {})
     if not isinstance(raw_templates, Mapping):
         raise ConfigError("[templates] must be a table of templates")
-    try:
-        # Structure, parameters and dependencies now; task types once the executors are loaded.
-        parsed = templates.parse_all(raw_templates)
-    except templates.TemplateError as exc:
-        raise ConfigError(f"[templates] {exc.message}") from None
+    parsed: dict[str, templates.Template] = {}
+    if raw_templates:
+        from daemon import templates  # ~4 ms of import that a config without templates does not need
+
+        try:
+            # Structure, parameters and dependencies now; task types once the executors are loaded.
+            parsed = templates.parse_all(raw_templates)
+        except templates.TemplateError as exc:
+            raise ConfigError(f"[templates] {exc.message}") from None
     try:
         parsed_queues = queues.parse(data.get("queues", {}))
     except queues.QueueError as exc:
