@@ -155,10 +155,12 @@ class Reads:
     def op_queues(self) -> list[dict[str, Any]]:
         workers = self._queue_workers()
         busy, paused = self._busy_by_queue(), self._paused_queues()
-        waiting = queue_store.waiting(self._reader())
+        conn = self._reader()
+        waiting, held = queue_store.waiting(conn), queue_store.held(conn)
+        # Held tasks show as held, as in `ls` (SPEC §14): not among the waiting.
         return [
-            {"name": name, "workers": size, "busy": busy.get(name, 0), "waiting": waiting.get(name, 0),
-             "paused": name in paused}
+            {"name": name, "workers": size, "busy": busy.get(name, 0),
+             "waiting": waiting.get(name, 0) - held.get(name, 0), "held": held.get(name, 0), "paused": name in paused}
             for name, size in workers.items()
         ]
 

@@ -226,6 +226,8 @@ def queues_summary(queues: Mapping[str, Mapping[str, Any]]) -> str:
     parts = []
     for name, q in queues.items():
         text = f"{name} {q.get('busy', 0)}/{q.get('workers', '?')} busy {q.get('waiting', 0)} waiting"
+        if q.get("held"):
+            text += f" {q['held']} held"
         parts.append(text + (" paused" if q.get("paused") else ""))
     return "; ".join(parts)
 
@@ -234,10 +236,11 @@ def queue_table(queues: Sequence[Mapping[str, Any]]) -> list[str]:
     """`fredica queues`: one row per queue."""
     rows = [
         [str(q.get("name")), str(q.get("workers")), str(q.get("busy", 0)), str(q.get("waiting", 0)),
-         "paused" if q.get("paused") else "-"]
+         str(q.get("held", 0)), "paused" if q.get("paused") else "-"]
         for q in queues
     ]
-    return table(["QUEUE", "WORKERS", "BUSY", "WAITING", "PAUSED"], rows, right=("WORKERS", "BUSY", "WAITING"))
+    return table(["QUEUE", "WORKERS", "BUSY", "WAITING", "HELD", "PAUSED"], rows,
+                 right=("WORKERS", "BUSY", "WAITING", "HELD"))
 
 
 def type_table(types: Sequence[Mapping[str, Any]]) -> list[str]:

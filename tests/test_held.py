@@ -175,3 +175,16 @@ def test_hold_in_a_submission_must_be_true_or_false() -> None:
     assert parse_spec({"type": "A", "hold": True}).hold and not parse_spec({"type": "A"}).hold
     with pytest.raises(SubmissionRefused, match='hold must be true or false, not "yes"'):
         parse_spec({"type": "A", "hold": "yes"})
+
+
+def test_fredica_queues_counts_held_tasks_as_held_not_waiting(conn: sqlite3.Connection, tmp_path: Any) -> None:
+    from daemon import config, operations, render
+    from daemon.store import queues as queue_store
+
+    submit(conn, {"type": "A", "hold": True}, {"type": "A", "hold": True}, {"type": "B"})
+    assert queue_store.held(conn) == {"default": 2} and queue_store.waiting(conn) == {"default": 3}
+    reads = operations.Reads(config.Settings(database=tmp_path / "unused.db", socket=tmp_path / "s", log_dir=tmp_path), lambda: conn)
+    [default] = reads.op_queues()
+    assert (default["waiting"], default["held"]) == (1, 2)
+    assert "1 waiting 2 held" in render.queues_summary({"default": default})
+    assert render.queue_table([default])[0].split() == ["QUEUE", "WORKERS", "BUSY", "WAITING", "HELD", "PAUSED"]

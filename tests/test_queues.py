@@ -193,17 +193,17 @@ def test_the_default_queue_takes_its_event_loop_settings_and_keeps_max_workers()
 
 def test_queue_table_and_status_line() -> None:
     rows = [
-        {"name": "default", "workers": 2, "busy": 1, "waiting": 12, "paused": False},
-        {"name": "media", "workers": 1, "busy": 1, "waiting": 3, "paused": True},
+        {"name": "default", "workers": 2, "busy": 1, "waiting": 12, "held": 0, "paused": False},
+        {"name": "media", "workers": 1, "busy": 1, "waiting": 3, "held": 2, "paused": True},
     ]
     assert render.queue_table(rows) == [
-        "QUEUE    WORKERS  BUSY  WAITING  PAUSED",
-        "default        2     1       12  -",
-        "media          1     1        3  paused",
+        "QUEUE    WORKERS  BUSY  WAITING  HELD  PAUSED",
+        "default        2     1       12     0  -",
+        "media          1     1        3     2  paused",
     ]
     status = {"pid": 1, "uptime": 3, "busy_workers": 2, "max_workers": 3, "counts": {},
               "queues": {r["name"]: {k: v for k, v in r.items() if k != "name"} for r in rows}}
-    assert "queues   default 1/2 busy 12 waiting; media 1/1 busy 3 waiting paused" in render.status_lines(status)
+    assert "queues   default 1/2 busy 12 waiting; media 1/1 busy 3 waiting 2 held paused" in render.status_lines(status)
 
 
 # --- the real daemon -----------------------------------------------------------------------------
@@ -244,8 +244,8 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
     for echo in echoes:
         d.wait_task(echo, "completed")
     assert d.task(second)["status"] == "pending" and d.task(second)["queue"] == "slow"
-    assert _queues(d) == {"default": {"workers": 2, "busy": 0, "waiting": 0, "paused": False},
-                          "slow": {"workers": 1, "busy": 1, "waiting": 1, "paused": False}}
+    assert _queues(d) == {"default": {"workers": 2, "busy": 0, "waiting": 0, "held": 0, "paused": False},
+                          "slow": {"workers": 1, "busy": 1, "waiting": 1, "held": 0, "paused": False}}
     status = d.data("status")
     assert (status["max_workers"], status["busy_workers"]) == (3, 1)
 
@@ -253,7 +253,7 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
     result = fredica(d, "queue", "workers", "slow", "2")
     assert result.exit_code == 0 and "the config sets it at the next start" in result.output
     wait_for(second_ready.exists)
-    assert _queues(d)["slow"] == {"workers": 2, "busy": 2, "waiting": 0, "paused": False}
+    assert _queues(d)["slow"] == {"workers": 2, "busy": 2, "waiting": 0, "held": 0, "paused": False}
     # Back to one: nothing is stopped, but nothing more is claimed until one ends.
     assert fredica(d, "queue", "workers", "slow", "1").exit_code == 0
     third, third_ready, third_gate = _gated(d, tmp_path, "third")
@@ -304,7 +304,7 @@ def test_a_paused_queue_claims_nothing_and_stays_paused_across_a_restart(
     assert d.task(waiting)["status"] == "pending"
     listed = fredica(d, "queues")
     assert listed.exit_code == 0
-    assert listed.output.splitlines()[2].split() == ["slow", "1", "0", "1", "paused"]
+    assert listed.output.splitlines()[2].split() == ["slow", "1", "0", "1", "0", "paused"]
     assert "queues" in fredica(d, "status").output and "paused" in fredica(d, "status").output
 
     assert d.stop() == 0

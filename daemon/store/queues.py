@@ -42,6 +42,16 @@ def waiting(conn: sqlite3.Connection) -> dict[str, int]:
     )
 
 
+def held(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many of the waiting tasks of each queue are held (SPEC §14): from the `task_held` index,
+    which holds those tasks only."""
+    return dict(
+        conn.execute(
+            f"SELECT queue, count(*) FROM task WHERE status = {statuses.PENDING} AND is_held = 1 GROUP BY queue"
+        ).fetchall()
+    )
+
+
 def reroute(conn: sqlite3.Connection, routes: Mapping[str, str], names: Collection[str], default: str) -> dict[str, int]:
     """Move pending tasks to the queue the config routes them to now, in one UPDATE: those routed
     by type whose route changed, and those whose named queue is not in `names` (they are routed by
