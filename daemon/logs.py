@@ -104,7 +104,10 @@ class _Sink:
         if "exc_info" in event:
             event = self._exc_info(None, method, event)
         if self.file is not None:
-            self.file.write(self._json(None, method, event) + "\n")
+            try:
+                self.file.write(self._json(None, method, event) + "\n")
+            except Exception:  # noqa: BLE001 (logging must never take down the code that logs)
+                pass
         if self.stream is not None and LEVELS.get(method, logging.INFO) >= self.stream_level:
             line = self._console(None, method, dict(event))
             with self._stream_lock:
@@ -159,30 +162,39 @@ class _LogFile:
         self._fd = -1
         self._size = 0
         self._regular = True
+        self._closed = False
         self._open()
 
     def _open(self) -> None:
         paths.private_file(self.path)  # a new file (first, or after a rotation) is 0600
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        info = os.fstat(self._fd)
-        self._regular = stat.S_ISREG(info.st_mode)
-        self._size = info.st_size
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        info = os.fstat(fd)
+        self._fd, self._regular, self._size = fd, stat.S_ISREG(info.st_mode), info.st_size
 
     def write(self, line: str) -> None:
+        """Append one line. Never raises: a log that cannot be written (a full disk, its directory
+        removed, no descriptor left) loses the event, and the daemon goes on (SPEC §13); the next
+        line tries to open it again."""
         data = line.encode("utf-8", "backslashreplace")
         with self._lock:
-            if self._fd < 0:
+            if self._closed:
                 return
-            if self._regular and self.max_bytes > 0 and self._size > 0 and self._size + len(data) >= self.max_bytes:
-                self._rotate()
             try:
+                if self._fd < 0:
+                    self._open()
+                elif (self._regular and self.max_bytes > 0 and self._size > 0
+                      and self._size + len(data) >= self.max_bytes):
+                    self._rotate()
                 os.write(self._fd, data)
             except OSError:
-                return  # a full disk: the event is lost, the daemon goes on (SPEC §13)
+                return
             self._size += len(data)
 
     def _rotate(self) -> None:
-        os.close(self._fd)
+        # The descriptor is forgotten as it is closed: if the reopen fails, no later line may go
+        # to whatever file the kernel gives that number next (the database, a client's socket).
+        fd, self._fd = self._fd, -1
+        os.close(fd)
         for n in range(BACKUPS - 1, 0, -1):
             older = Path(f"{self.path}.{n}")
             if older.exists():
@@ -195,6 +207,7 @@ class _LogFile:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -77,3 +77,24 @@ def test_every_task_event_carries_its_task_and_run(daemons, tmp_path: Path) -> N
     }
     for event in events:
         assert event.get("task_id") and event.get("run_id"), event
+
+
+def test_a_rotation_that_cannot_reopen_the_log_loses_lines_never_raises_and_never_writes_elsewhere(
+    tmp_path: Path, restore_logging: None
+) -> None:
+    import shutil
+
+    log_dir = tmp_path / "logs"
+    logs.configure(log_dir / "daemon.log", stream=None, max_bytes=300)
+    log = structlog.get_logger("fredica.test")
+    log.info("first", pad="x" * 200)
+    shutil.rmtree(log_dir)  # the next line rotates, and the reopen fails
+    log.info("second", pad="x" * 200)  # does not raise
+    victim = tmp_path / "victim"
+    with open(victim, "w") as reused:  # takes the lowest free descriptor: the log's old number
+        log.info("third", pad="x" * 200)
+        reused.flush()
+    assert victim.read_text() == ""
+    log_dir.mkdir()
+    log.info("fourth")  # the log comes back
+    assert [json.loads(line)["event"] for line in (log_dir / "daemon.log").read_text().splitlines()] == ["fourth"]
