@@ -243,6 +243,9 @@ class ControlServer:
             self._thread.join(CLOSE_GRACE + 5)
         elif self._driven:  # its driver has stopped: the grace runs on the closing thread
             self._driver = threading.get_ident()
+            # What the loop answered last (refusals at its end) was queued with no wake-up, for
+            # a flush that never came: written now, before the grace.
+            self._take_replies()
             self._run()
         else:  # never served: nothing to wait for
             self._close_sockets()

@@ -46,7 +46,7 @@ T = TypeVar("T")
 # Messages read from one child per tick: enough to keep up with any honest executor, small enough
 # that a child flooding its channel cannot starve the others or the loop.
 DRAIN_LIMIT = 2000
-# Claims (and starts) of one tick at most. Its attempts are handed to their processes only after
+# Claims (and starts) of one tick at most, in each queue. Its attempts are handed to their processes only after
 # its commit, and the control socket is served between ticks: a burst of 10,000 ready tasks in
 # one tick would start none for seconds and leave every client waiting as long. The next tick
 # follows at once while more are claimable.
@@ -292,6 +292,9 @@ class Supervisor:
             # another failed: launchers left undismissed would keep this process from exiting.
             with contextlib.suppress(Exception):
                 self._answer_the_last_calls()
+            if self.io is not None:
+                with contextlib.suppress(Exception):
+                    self.io.flush()  # those answers: the loop waits no more to write them
             with contextlib.suppress(Exception):
                 self.idle.dismiss_all()
             for loops in self.loops.values():
@@ -318,7 +321,9 @@ class Supervisor:
     def _answer_the_last_calls(self) -> None:
         """Answer whatever arrived during shutdown rather than leave it hanging."""
         if self.fault is not None or self.exit_status != 0:
-            refusal = self.fault.refusal() if self.fault is not None else handoff.ShuttingDown("the daemon is stopping")
+            refusal = (self.fault.refusal() if self.fault is not None
+                       else faults.refusal(faults.Kind.CORRUPT) if self.exit_status != 0  # 1: corruption ended it
+                       else handoff.ShuttingDown("the daemon is stopping"))
             self._handoff.refuse_pending(refusal)
             return
         answers: list[handoff.Answer] = []
@@ -337,6 +342,10 @@ class Supervisor:
         io = self.io
         if io is not None:
             io.flush()  # what this tick's commits (or refusals) answered
+            if self._handoff.pending():
+                # A connection whose reply just went out had its next request in already: handed
+                # over from this thread, it woke nobody, and waits for the next tick.
+                timeout = 0.0
             handles.append(io)
             io_due = io.next_step_in(time.monotonic())
             if io_due is not None:
@@ -603,18 +612,20 @@ class Supervisor:
         """Each queue that is not paused claims into its own free workers, by priority, then
         submission order, among its own tasks: a full queue holds no other back."""
         promote = self._delayed_possible  # once a tick: claim_ready makes due retries ready
-        budget = CLAIMS_PER_TICK
+        # The bound is each queue's: one with a backlog and many free workers must not take
+        # every claim of every tick from the others (a full queue never holds another back).
+        budget = dict.fromkeys(self.queues.claimable(), CLAIMS_PER_TICK)
         self._claims_left = False
         again = True
         while again:
             again = False
             busy = self.busy_by_queue()  # a dispatch adds to its own queue only
             for queue in self.queues.claimable():
-                free = self._free(queue, busy)
+                free = min(self._free(queue, busy), budget.get(queue, 0))
                 if free <= 0:
                     continue
-                batch = tasks.claim_ready(self.conn, now, min(free, budget), queue=queue, promote_delayed=promote)
-                budget -= len(batch)
+                batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote)
+                budget[queue] -= len(batch)
                 promote = False
                 running_before = len(self.running)
                 for task in batch:
@@ -625,9 +636,8 @@ class Supervisor:
                 # was claimed.
                 if len(self.running) - running_before < len(batch):
                     again = True
-                if budget <= 0:  # there may be more: the next tick, at once (`_next_timeout`)
+                if budget[queue] <= 0:  # there may be more: the next tick, at once (`_next_timeout`)
                     self._claims_left = True
-                    return
 
     def _dispatch_claimed(self, task: Task, now: float) -> None:
         try:

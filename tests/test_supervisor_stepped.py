@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from daemon import faults, models, paths
+from daemon import faults, models, paths, queues
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
 from daemon.store import queues as queue_store
@@ -479,3 +479,14 @@ def test_a_burst_of_ready_tasks_is_claimed_a_bounded_number_per_tick_with_no_sle
     assert s.at(1.0) == 0.0  # more claimable: the next tick at once
     assert len(s.sup.running) == CLAIMS_PER_TICK
     assert s.at(1.0) > 0.0 and len(s.sup.running) == CLAIMS_PER_TICK + 44
+
+
+def test_the_claim_bound_is_each_queues_so_a_busy_queue_never_holds_another_back(
+    stepped: Callable[..., Stepped],
+) -> None:
+    s = stepped(max_workers=CLAIMS_PER_TICK * 3, tasks_per_process=1_000_000,
+                queues={"b": queues.QueueConfig(name="b", workers=1, types=("COUNT",))})
+    s.sup.submit([parse_spec({"type": "ECHO"}) for _ in range(CLAIMS_PER_TICK * 2)])
+    other = s.submit("COUNT")
+    s.at(1.0)
+    assert s.task(other).status is TaskStatus.RUNNING  # in the first tick, beside the backlog's first claims

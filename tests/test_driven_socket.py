@@ -1,0 +1,88 @@
+"""The control socket driven by the supervisor's loop thread (`serve(driven=True)`, as the daemon
+runs it): what only that wiring can get wrong, found in review. Real supervisor, real socket."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from daemon import control, faults, operations, protocol
+from daemon.config import Settings
+from daemon.supervisor import CALL_TIMEOUT, Supervisor
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def driven(tmp_path: Path) -> Iterator[Callable[..., tuple[Supervisor, Path]]]:
+    """A supervisor whose loop thread drives its control server, wired as `service._serve` does."""
+    threads: list[tuple[Supervisor, threading.Thread]] = []
+
+    def start(wrap_hand_over: Callable[[Supervisor, Any], Any] | None = None, **options: Any) -> tuple[Supervisor, Path]:
+        settings = Settings(database=tmp_path / "f.db", socket=tmp_path / "run" / "control.sock",
+                            log_dir=tmp_path / "logs", executors={"ECHO": "tests.sample_executors:Echo"}, **options)
+        sup = Supervisor(settings)
+        handlers = operations.Handlers(sup)
+        server = control.ControlServer(settings.socket, handlers.handle)
+        server.bind()
+        hand_over = sup.hand_over if wrap_hand_over is None else wrap_hand_over(sup, sup.hand_over)
+
+        def loop() -> None:
+            sup.bind_loop_thread()
+            server.writes_to_loop(hand_over, CALL_TIMEOUT)
+            server.serve(driven=True)
+            sup.attach_io(server)
+            try:
+                sup.run()
+            finally:
+                server.close(faults.refusal(faults.Kind.CORRUPT) if sup.exit_status else None)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        wait_for(lambda: sup._handoff.loop_ident is not None)
+        threads.append((sup, thread))
+        return sup, settings.socket
+
+    yield start
+    for sup, thread in threads:
+        sup.request_stop(0)
+        thread.join(20)
+
+
+def connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(15)  # below CALL_TIMEOUT: a request left waiting would be refused LoopBusy after it
+    sock.connect(str(path))
+    return sock
+
+
+def test_pipelined_requests_on_one_connection_are_answered_without_waiting_for_the_next_poll(driven) -> None:
+    # The second request is handed over while the loop writes the first reply (its flush), from
+    # the loop's own thread: no wake-up. It must not wait for the idle poll (60 s here).
+    _, path = driven(idle_poll_interval=60.0)
+    first = protocol.encode(protocol.request("queue_pause", name="default"), protocol.MAX_REQUEST)
+    second = protocol.encode(protocol.request("queue_resume", name="default"), protocol.MAX_REQUEST)
+    with connect(path) as sock:
+        sock.sendall(first + second)
+        frames = protocol.FrameReader(protocol.MAX_REPLY)
+        replies = [protocol.read_frame(sock, protocol.MAX_REPLY, frames) for _ in range(2)]
+    assert [r["ok"] for r in replies] == [True, True], replies
+
+
+def test_a_write_refused_as_corruption_ends_the_loop_is_answered_not_cut_off(driven) -> None:
+    def corrupt_on_arrival(sup: Supervisor, hand_over: Any) -> Any:
+        def wrapped(fn: Any, still_waiting: Any) -> Any:
+            future = hand_over(fn, still_waiting)
+            sup.report_corruption(sqlite3.DatabaseError("database disk image is malformed"))  # as a reader does
+            return future
+        return wrapped
+
+    sup, path = driven(wrap_hand_over=corrupt_on_arrival)
+    with connect(path) as sock:
+        sock.sendall(protocol.encode(protocol.request("queue_pause", name="default"), protocol.MAX_REQUEST))
+        reply = protocol.read_frame(sock, protocol.MAX_REPLY)
+    assert reply["ok"] is False and "corrupt" in reply["error"]["message"], reply
