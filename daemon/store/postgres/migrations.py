@@ -20,6 +20,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from daemon.errors import MigrationError
+from daemon.store import migrations as sqlite_migrations
 from daemon.store.migrations import Migration  # the same record, another dialect
 
 if TYPE_CHECKING:
@@ -169,28 +170,10 @@ QUEUES = Migration(
     ),
 )
 
-# As SQLite's 8: what `fredica clean` and `keep_finished` look up.
-CLEANING = Migration(
-    8,
-    "cleaning: dependency edges by dependent, runs by finish time",
-    (
-        "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
-        "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
-    ),
-)
-
-# As SQLite's 9: held tasks out of the ready index.
-HELD_TASKS = Migration(
-    9,
-    "held tasks out of the ready index",
-    (
-        "ALTER TABLE task ADD COLUMN is_held INTEGER NOT NULL DEFAULT 0",
-        "DROP INDEX task_ready",
-        "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
-        " WHERE status = 'pending' AND unmet_deps = 0 AND not_before = 0 AND is_held = 0",
-        "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
-    ),
-)
+# 8 (cleaning) and 9 (held tasks) are written in SQL that both dialects read alike: the very
+# records of daemon/store/migrations.py, so the two cannot drift apart.
+CLEANING = sqlite_migrations.CLEANING
+HELD_TASKS = sqlite_migrations.HELD_TASKS
 
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
