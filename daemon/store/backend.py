@@ -24,6 +24,13 @@ def of(conn: object) -> str:
     return getattr(conn, "backend", SQLITE)
 
 
+def skip_locked(conn: object) -> str:
+    """The clause that makes a SELECT lock the rows it takes and pass over those another
+    transaction holds, on PostgreSQL: for a claim, where several supervisors take ready tasks at
+    once (SQLite's writers are serialized already)."""
+    return " FOR UPDATE SKIP LOCKED" if of(conn) == POSTGRESQL else ""
+
+
 def for_share(conn: object) -> str:
     """The clause that makes a SELECT lock the rows it reads until commit on PostgreSQL (SQLite's
     writers are serialized already, and it has no such clause): for reads that a write in the

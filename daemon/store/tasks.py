@@ -354,26 +354,31 @@ def claim_ready(
     saw several attempts end), claiming one by one repeated both, and found out only by an extra
     empty read that nothing else was ready. `promote_delayed=False`: the caller knows no retry
     is waiting out a delay, and the statement that would make it ready is skipped.
+
+    On PostgreSQL, where several supervisors claim at once, the read locks the rows it takes and
+    passes over those another claimer holds (`FOR UPDATE SKIP LOCKED`): the guarded UPDATE that
+    follows then finds them as read, and no two claimers take one task.
     """
     if limit <= 0:
         return []
-    if backend.of(conn) == backend.POSTGRESQL:  # several claimers at once: SKIP LOCKED
-        return postgres_claim.claim_ready(conn, now, limit, queue=queue, promote_delayed=promote_delayed)
     with write(conn):
         if promote_delayed:
             # Retries whose delay has passed join the ready tasks (a cheap range read when none has).
-            conn.execute(
-                # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e. every
-                # pending task, blocked ones included, on every claim.
-                "UPDATE task INDEXED BY task_delayed SET not_before = 0"
-                f" WHERE status = {statuses.PENDING} AND not_before > 0 AND not_before <= ?",
-                (now,),
-            )
+            if backend.of(conn) == backend.POSTGRESQL:
+                postgres_claim.promote_delayed(conn, now)
+            else:
+                conn.execute(
+                    # INDEXED BY: left to itself SQLite reads this through task_by_status, i.e.
+                    # every pending task, blocked ones included, on every claim.
+                    "UPDATE task INDEXED BY task_delayed SET not_before = 0"
+                    f" WHERE status = {statuses.PENDING} AND not_before > 0 AND not_before <= ?",
+                    (now,),
+                )
         rows = conn.execute(
             f"""
             SELECT seq, id, status, workflow_run_id FROM task INDEXED BY task_ready
             WHERE queue = ? AND status = {statuses.PENDING} AND unmet_deps = 0 AND not_before = 0 AND is_held = 0
-            ORDER BY priority DESC, seq LIMIT ?
+            ORDER BY priority DESC, seq LIMIT ?{backend.skip_locked(conn)}
             """,
             (queue, limit),
         ).fetchall()
