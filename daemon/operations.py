@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping
 
@@ -196,16 +195,7 @@ class Handlers(acting.ActingHandlers, Reads):
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        self._local = threading.local()
-        super().__init__(supervisor.settings, self._thread_reader)
-
-    def _thread_reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.settings.database)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-        return conn
+        super().__init__(supervisor.settings, db.ThreadReaders(supervisor.settings.database))
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         # Checked already by `protocol.parse_request`, against the same table.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -66,6 +67,24 @@ def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+class ThreadReaders:
+    """A read-only connection (`query_only`) to the daemon's database for each thread that calls:
+    the readers beside the loop (request handlers, the web page's reads, /metrics) never write,
+    and a connection stays on the thread that made it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def __call__(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+        return conn
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:

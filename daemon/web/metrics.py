@@ -9,7 +9,6 @@ happen: the supervisor calls `AttemptDurations.observe` after an attempt's outco
 from __future__ import annotations
 
 import sqlite3
-import threading
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -29,15 +28,8 @@ class FredicaCollector:
     def __init__(self, supervisor: Any, changes: Any) -> None:
         self.sup = supervisor
         self.changes = changes  # the live feed (events.TaskChanges)
-        self._local = threading.local()
+        self._reader = db.ThreadReaders(self.sup.settings.database)
 
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.sup.settings.database)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-        return conn
 
     def collect(self) -> Iterator[Metric]:
         sup = self.sup

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-import threading
 from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -37,15 +36,8 @@ class Views:
         self.report_corruption = report_corruption
         self.api = api_
         self.stopping = stopping
-        self._local = threading.local()
+        self._reader = db.ThreadReaders(self.database)
 
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.database)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-        return conn
 
     def _tasks_page(self, status: str | None, task_type: str | None, run: str | None, before: int | None,
                     limit: int) -> dict[str, Any]:
