@@ -223,6 +223,12 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
             if key not in keys:
                 raise ConfigError(f"[{section}] unknown key {key!r}")
             values[key] = _check(section, key, value, keys[key])
+    if isinstance(values.get("database"), str) and values["database"].startswith(("postgresql://", "postgres://")):
+        # Taken as a path, it would start an SQLite queue in a directory named "postgresql:".
+        raise ConfigError(
+            "[daemon] database: a PostgreSQL URL is not supported by the daemon yet (SPEC §16 is under way: "
+            "the store runs on PostgreSQL, the supervisor does not); give the path of an SQLite file"
+        )
     for key in ("database", "socket", "log_dir"):
         if key in values:
             values[key] = _path(key, values[key], os.environ if env is None else env, source)

@@ -154,3 +154,10 @@ def test_a_queue_type_without_an_executor_is_refused() -> None:
     with pytest.raises(queues.QueueError, match=r"^\[queues.media\] types: no executor for type NOPE$"):
         queues.check_task_types(configs, {"TRANSCODE_MP4", "SHELL"})
     queues.check_task_types(configs, {"TRANSCODE_MP4", "NOPE"})  # known: accepted
+
+
+def test_a_postgresql_url_as_database_is_refused_until_the_daemon_runs_on_it() -> None:
+    # Taken as a path, it started an SQLite queue in a directory named "postgresql:".
+    for url in ("postgresql://localhost/fredica", "postgres://u@h/db"):
+        with pytest.raises(ConfigError, match="PostgreSQL URL is not supported by the daemon yet"):
+            config.from_mapping({"daemon": {"database": url}}, env=ENV)
