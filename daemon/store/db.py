@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from daemon import paths
 from daemon.errors import DatabaseUnusable  # noqa: F401 (re-exported: this module's errors live in the catalogue)
@@ -27,6 +27,65 @@ from daemon.store import backend, migrations
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
 BUSY_TIMEOUT = 10.0  # seconds a write waits for another process's lock
 
+
+class Deferred(Protocol):
+    """Writes a repository keeps back until the end of the transaction, where many of them become
+    one statement (`runs.DeferredShifts`: a run's task counters, moved by every transition).
+
+    What is kept back is written before the COMMIT and before any statement that `needs_flush`
+    says would read or change it (`before`), and forgotten with what a ROLLBACK undoes (`after`,
+    and `savepoint`'s marks).
+    """
+
+    pending: bool  # something is kept back, written or not
+    unflushed: bool  # something kept back is not written yet
+
+    def needs_flush(self, sql: str) -> bool: ...
+    def flush(self, conn: object) -> None: ...
+    def mark(self) -> object: ...
+    def undo_to(self, mark: object) -> None: ...
+    def discard(self) -> None: ...
+
+
+def before(conn: object, deferred: Deferred, sql: str) -> None:
+    """What a connection with deferred writes does before running `sql` (when `deferred.pending`)."""
+    head = sql.lstrip()[:9].upper()
+    if head.startswith(("COMMIT", "END")):
+        if deferred.unflushed:
+            deferred.flush(conn)
+    elif head.startswith("BEGIN"):
+        deferred.discard()  # left by a transaction that ended without a word (SQLite's own rollback)
+    elif deferred.unflushed and deferred.needs_flush(sql):
+        deferred.flush(conn)
+
+
+def after(deferred: Deferred, sql: str) -> None:
+    """And after it: a whole transaction's ROLLBACK takes what was kept back with it (`savepoint`
+    undoes its own part on a ROLLBACK TO)."""
+    head = sql.lstrip()[:11].upper()
+    if head.startswith(("COMMIT", "END", "ROLLBACK")) and not head.startswith("ROLLBACK TO"):
+        deferred.discard()
+
+
+class StoreConnection(sqlite3.Connection):
+    """A SQLite connection that holds the store's deferred writes (`Deferred`) until they are due."""
+
+    deferred: Deferred | None = None
+
+    def execute(self, sql: str, parameters: object = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        deferred = self.deferred
+        if deferred is None or not deferred.pending:
+            return super().execute(sql, parameters)  # type: ignore[arg-type]
+        before(self, deferred, sql)
+        cursor = super().execute(sql, parameters)  # type: ignore[arg-type]
+        after(deferred, sql)
+        return cursor
+
+    def executemany(self, sql: str, parameters: object, /) -> sqlite3.Cursor:  # type: ignore[override]
+        deferred = self.deferred
+        if deferred is not None and deferred.pending:
+            before(self, deferred, sql)
+        return super().executemany(sql, parameters)  # type: ignore[arg-type]
 
 
 def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
@@ -37,7 +96,7 @@ def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: floa
     # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write transaction takes the
     # write lock up front instead of failing with SQLITE_BUSY half-way (see `write`).
     conn = sqlite3.connect(
-        str(path), isolation_level=None, timeout=busy_timeout, check_same_thread=False
+        str(path), isolation_level=None, timeout=busy_timeout, check_same_thread=False, factory=StoreConnection
     )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -198,6 +257,8 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             yield conn
         return
     conn.execute("SAVEPOINT undo_on_error")
+    deferred = getattr(conn, "deferred", None)
+    mark = deferred.mark() if deferred is not None else None
     try:
         yield conn
     except BaseException:
@@ -207,6 +268,9 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK TO undo_on_error")
                 conn.execute("RELEASE undo_on_error")
+        if deferred is not None:
+            # What the block kept back goes with what it wrote (and so does a flush it made).
+            deferred.undo_to(mark) if conn.in_transaction else deferred.discard()
         raise
     conn.execute("RELEASE undo_on_error")
 
@@ -220,11 +284,14 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-        conn.execute("COMMIT")
+        conn.execute("COMMIT")  # deferred writes are written first (`before`)
     except BaseException:
         # A COMMIT that failed (a full disk) leaves the transaction open: it must not be joined by
         # the next `write` as if nested. A rollback that fails too must not hide the first error.
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+        deferred = getattr(conn, "deferred", None)
+        if deferred is not None:
+            deferred.discard()  # whether or not the ROLLBACK ran: the transaction is gone
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import sqlite3
 import uuid
 from typing import Iterable
@@ -28,6 +29,7 @@ COUNT_COLUMN = {
 }
 NON_TERMINAL_RUN_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 
+_NAMES_RUNS = re.compile(r"\bworkflow_run\b")
 # A shift of `count` tasks of one run from one status to another.
 Shift = tuple[str, TaskStatus, TaskStatus]
 
@@ -92,11 +94,82 @@ def list_runs(
 
 
 def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) -> None:
-    """Move task counters for transitions just applied, then refresh the runs' statuses."""
+    """Move task counters for transitions just applied, and the runs' statuses with them.
+
+    On the store's own connections the move is kept back (`DeferredShifts`) and written once per
+    run at the end of the transaction, or before the first statement that looks at a run: a tick
+    that claims, starts and completes thousands of a run's tasks moves its counters once, not
+    three times per task. Any other connection moves them at once.
+    """
+    if not hasattr(conn, "deferred"):
+        _apply_shifts(conn, _deltas(shifts), now)
+        return
+    deferred = conn.deferred
+    if deferred is None:
+        deferred = conn.deferred = DeferredShifts()
+    assert isinstance(deferred, DeferredShifts)
+    deferred.add(list(shifts), now)
+
+
+class DeferredShifts:
+    """The counter moves of one transaction not written yet (see `shift_counts`; the contract is
+    `db.Deferred`). A log of batches rather than one sum, so that a savepoint that is rolled back
+    takes exactly its own batches back, and also undoes a flush made inside it: SQLite (and
+    PostgreSQL) roll that UPDATE back too, so the batches it wrote are unwritten again."""
+
+    def __init__(self) -> None:
+        self._log: list[tuple[list[Shift], float]] = []
+        self._flushed = 0  # the batches before this index are written
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._log)
+
+    @property
+    def unflushed(self) -> bool:
+        return self._flushed < len(self._log)
+
+    def add(self, shifts: list[Shift], now: float) -> None:
+        if shifts:
+            self._log.append((shifts, now))
+
+    def needs_flush(self, sql: str) -> bool:
+        # Reads a run, or changes one: it must see every move so far (a task's `workflow_run_id`
+        # column is not the table).
+        return _NAMES_RUNS.search(sql) is not None
+
+    def flush(self, conn: object) -> None:
+        batches = self._log[self._flushed:]
+        self._flushed = len(self._log)  # first: the statements below go through `db.before` too
+        try:
+            _apply_shifts(conn, _deltas(shift for shifts, _ in batches for shift in shifts),
+                          max(now for _, now in batches))
+        except BaseException:
+            self._flushed -= len(batches)  # written by none, or undone with the transaction
+            raise
+
+    def mark(self) -> tuple[int, int]:
+        return len(self._log), self._flushed
+
+    def undo_to(self, mark: object) -> None:
+        length, flushed = mark  # type: ignore[misc]
+        del self._log[length:]
+        self._flushed = min(self._flushed, flushed)
+
+    def discard(self) -> None:
+        self._log.clear()
+        self._flushed = 0
+
+
+def _deltas(shifts: Iterable[Shift]) -> dict[str, collections.Counter[str]]:
     deltas: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for run_id, source, target in shifts:
         deltas[run_id][COUNT_COLUMN[source]] -= 1
         deltas[run_id][COUNT_COLUMN[target]] += 1
+    return deltas
+
+
+def _apply_shifts(conn: object, deltas: dict[str, collections.Counter[str]], now: float) -> None:
     # In one order (by id): on PostgreSQL each UPDATE locks its run's row until commit, and two
     # transactions that locked the same runs in different orders would deadlock.
     for run_id, delta in sorted(deltas.items()):
@@ -105,12 +178,12 @@ def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) 
             continue
         # One statement per run: the counters move and the row comes back to derive the status.
         set_sql = ", ".join(f"{column} = {column} + ?" for column in changes)
-        row = conn.execute(
+        row = conn.execute(  # type: ignore[attr-defined]
             f"UPDATE workflow_run SET {set_sql} WHERE id = ? RETURNING *", (*changes.values(), run_id)
         ).fetchone()
         if row is not None:
             run = WorkflowRun.from_row(row)
-            _write_status(conn, run, run.counts, now)
+            _write_status(conn, run, run.counts, now)  # type: ignore[arg-type]
 
 
 def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float) -> None:

@@ -36,7 +36,7 @@ import psycopg
 import psycopg.pq
 
 from daemon.errors import DatabaseUnusable
-from daemon.store import backend
+from daemon.store import backend, db
 
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
@@ -143,18 +143,28 @@ class PostgresConnection:
     def __init__(self, raw: psycopg.Connection[Any], url: str) -> None:
         self.raw = raw
         self.url = url
+        self.deferred: db.Deferred | None = None  # as `db.StoreConnection`'s
 
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
+        deferred = self.deferred
+        if deferred is not None and deferred.pending:
+            db.before(self, deferred, sql)
         try:
-            return self.raw.execute(translate(sql), params or None)
+            cursor = self.raw.execute(translate(sql), params or None)
         except psycopg.Error as exc:
             raise _as_sqlite_error(exc) from exc
+        if deferred is not None and deferred.pending:
+            db.after(deferred, sql)
+        return cursor
 
     def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        deferred = self.deferred
+        if deferred is not None and deferred.pending:
+            db.before(self, deferred, sql)
         cursor = self.raw.cursor()
         try:
             cursor.executemany(translate(sql), list(seq_of_params))
