@@ -21,6 +21,11 @@ SETTLE_WAIT = 0.05
 # for one of them to report before it ends the slowest to make room (starting its replacement
 # costs about as long again): far less than a stuck fork's settle_timeout.
 BOUND_WAIT = 0.5
+# A spare that fails to start (a fork server that cannot import an executor's module, no memory,
+# no pids left) is tried again after a delay that doubles up to the maximum, not at every tick:
+# under a stream of tasks that would be a failed fork and a traceback in the log each millisecond.
+SPARE_RETRY_FIRST = 1.0
+SPARE_RETRY_MAX = 60.0
 
 
 class IdleProcesses:
@@ -58,6 +63,8 @@ class IdleProcesses:
         self._returned_at: dict[int, float] = {}  # pid -> when put back (self._monotonic())
         self._idle_since: dict[int, float] = {}  # pid -> the first `tick`'s `now` that saw it idle
         self._lent: list[ExecutorProcess] = []  # handed out by `take`, not put back
+        self._spare_failures = 0  # spare starts failed in a row
+        self._spare_retry_at = 0.0  # the loop's `now` before which no spare is started again
 
     def __iter__(self) -> Iterator[ExecutorProcess]:
         return iter(list(self._processes))
@@ -187,11 +194,17 @@ class IdleProcesses:
                 return  # ready, or about to be
         if not self._has_room():
             return  # every slot busy and an idle one slow to report: it is the spare
+        if now < self._spare_retry_at:
+            return
         try:
             spare = self._start_process(self._context, self._spare_kind)
         except Exception:
-            log.exception("spare_executor_failed")
+            self._spare_failures += 1
+            delay = min(SPARE_RETRY_MAX, SPARE_RETRY_FIRST * 2 ** (self._spare_failures - 1))
+            self._spare_retry_at = now + delay
+            log.exception("spare_executor_failed", failures=self._spare_failures, retry_in=delay)
             return
+        self._spare_failures, self._spare_retry_at = 0, 0.0
         self._processes.append(spare)
         self._idle_since[spare.pid] = now
 

@@ -232,3 +232,23 @@ def test_the_daemons_idle_executor_processes_exit_after_the_timeout(daemons: Any
     # is kept (renewed), nothing more.
     wait_for(lambda: all(gone(pid) for pid in busy) and len(daemon_executor_pids(d)) <= 1, timeout=20)
     assert d.wait_task(d.submit("ECHO"), "completed")["status"] == "completed"
+
+
+def test_a_spare_that_fails_to_start_is_tried_again_after_a_growing_delay_not_at_every_tick(
+    forkserver: executor_processes.ExecutorContext, clock: SteppedClock
+) -> None:
+    attempts: list[float] = []
+    now = 500.0
+
+    def failing_start(context: Any, kind: str) -> executor_processes.ExecutorProcess:
+        attempts.append(now)
+        raise OSError("executor launcher 1 did not start (exit code 1)")
+
+    idle = pool.IdleProcesses(forkserver, warm_spare=True, spare_kind="fresh", settle_timeout=60, slots=2,
+                              idle_timeout=60, monotonic=clock, start_process=failing_start)
+    for ms in range(4000):  # a busy loop: a tick each millisecond for 4 s
+        now = 500.0 + ms / 1000
+        idle.tick(now)
+    # Tried at once, then after 1 s and 2 s more (the next would be 4 s after that): not 4,000 times.
+    assert [round(at - 500.0, 3) for at in attempts] == [0.0, 1.0, 3.0]
+    assert list(idle) == []
