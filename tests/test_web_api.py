@@ -436,7 +436,6 @@ def test_http_config_keys() -> None:
 def test_keep_alive_replies_do_not_wait_for_delayed_acks(d: HttpDaemon) -> None:
     # Without TCP_NODELAY on the listening socket every reply (headers and body written apart)
     # waited out the client's delayed ACK: 40 ms a request instead of well under 2 ms.
-    import statistics
     import time
 
     times = []
@@ -444,7 +443,9 @@ def test_keep_alive_replies_do_not_wait_for_delayed_acks(d: HttpDaemon) -> None:
         started = time.perf_counter()
         assert d.get("/api/v1/status").status == 200
         times.append(time.perf_counter() - started)
-    assert statistics.median(times[1:]) < 0.02, times
+    # Each reply that waits out a delayed ACK takes at least its 40 ms; the quickest of 40 tells
+    # that apart from a loaded machine's slow ones (a median does not, at a load of 20).
+    assert min(times[1:]) < 0.02, times
 
 
 def test_open_streams_share_one_producer(d: HttpDaemon) -> None:
