@@ -94,6 +94,8 @@ def main() -> None:
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(daemon.pid), "--output", args.profile,
                                     "--format", "raw", "--threads"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)  # py-spy attaches
+        daemon_process = psutil.Process(daemon.pid)
+        cpu_before = sum(daemon_process.cpu_times()[:2])
         t0 = time.perf_counter()
         fredica(config, "submit", "--batch", str(batch))
         submitted = time.perf_counter() - t0
@@ -106,6 +108,7 @@ def main() -> None:
                 errors = sorted({(t["error_type"], (t["error"] or "")[:200]) for t in failed})
                 raise SystemExit(f"tasks did not complete: {counts}; errors: {errors[:5]}")
         elapsed = time.perf_counter() - t0
+        daemon_cpu = sum(daemon_process.cpu_times()[:2]) - cpu_before
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)
@@ -114,7 +117,8 @@ def main() -> None:
         load = os.getloadavg()
         print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}), {args.processes} event-loop processes; "
               f"load average {load[0]:.2f}")
-        print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s")
+        print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s; "
+              f"daemon CPU meanwhile {daemon_cpu:.2f} s (its threads, not its executor processes)")
         print(f"peak memory, daemon + executor processes: RSS {peaks.pop('rss'):.0f} MB, USS {peaks.pop('uss'):.0f} MB")
         print("peak RSS of each: " + ", ".join(f"{role} {mb:.0f} MB" for role, mb in sorted(peaks.items()) if mb >= 5))
     except BaseException:
