@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 import psycopg.pq
+import psycopg.sql
 
 from daemon.errors import DatabaseUnusable
 from daemon.store import backend
@@ -162,6 +163,22 @@ class PostgresConnection:
             raise _as_sqlite_error(exc) from exc
         return cursor
 
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """Write `rows` (values in the order of `columns`) into `table` with COPY, in the current
+        transaction: the fastest way in for many rows (`fredica db copy`). How many it wrote."""
+        statement = psycopg.sql.SQL("COPY {} ({}) FROM STDIN").format(
+            psycopg.sql.Identifier(table), psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, columns))
+        )
+        written = 0
+        try:
+            with self.raw.cursor() as cursor, cursor.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
+                    written += 1
+        except psycopg.Error as exc:
+            raise _as_sqlite_error(exc) from exc
+        return written
+
     def close(self) -> None:
         self.raw.close()
 
@@ -178,7 +195,7 @@ def connect(url: str) -> PostgresConnection:
     try:
         raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
     except psycopg.Error as exc:
-        raise DatabaseUnusable(f"cannot connect to the database {_shown(url)}: {_first_line(exc)}") from None
+        raise DatabaseUnusable(f"cannot connect to the database {shown(url)}: {_first_line(exc)}") from None
     return PostgresConnection(raw, url)
 
 
@@ -195,7 +212,7 @@ def open_database(url: str) -> PostgresConnection:
     return conn
 
 
-def _shown(url: str) -> str:
+def shown(url: str) -> str:
     """`url` without its password, for messages and logs."""
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
