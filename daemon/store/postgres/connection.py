@@ -22,7 +22,8 @@ Each statement text is translated once (cached) from the store's dialect to Post
 Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
 hierarchies): an `IntegrityError` on a unique index means the same on both backends.
 
-psycopg is imported here only: a SQLite-only daemon and `fredica status` never pay for it.
+psycopg is imported here (and by `wakeups.Listener` when one is made) only: a SQLite-only daemon
+and `fredica status` never pay for it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ def translate(sql: str) -> str:
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
     return _placeholders(sql)
+
+
+_FORGETS_WAKEUP = re.compile(r"^\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=256)
+def _forgets_wakeup(sql: str) -> bool:
+    """Whether a statement ends the life of a NOTIFY queued before it: the transaction's start
+    or end, or a rollback to a savepoint (`ROLLBACK TO`), which takes back what followed it."""
+    return _FORGETS_WAKEUP.match(sql) is not None
 
 
 def _placeholders(sql: str) -> str:
@@ -144,12 +155,18 @@ class PostgresConnection:
     def __init__(self, raw: psycopg.Connection[Any], url: str) -> None:
         self.raw = raw
         self.url = url
+        # Wake-ups (`wakeups.notify`): whether to send them at all ([daemon] notify), and whether
+        # this transaction has queued one already, so that it queues one however many it makes.
+        self.notify_wakeups = True
+        self.wakeup_queued = False
 
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
+        if self.wakeup_queued and _forgets_wakeup(sql):
+            self.wakeup_queued = False
         try:
             return self.raw.execute(translate(sql), params or None)
         except psycopg.Error as exc:
