@@ -17,7 +17,10 @@ Each statement text is translated once (cached) from the store's dialect to Post
   meets an active task's idempotency key waits for that task's transaction, then does nothing;
 - `INDEXED BY <index>` (SQLite's planner hints) is dropped: PostgreSQL's planner needs none;
 - `INSERT OR IGNORE INTO ...` becomes `INSERT INTO ... ON CONFLICT DO NOTHING`;
-- `COLLATE NOCASE` names the case-insensitive collation the migrations create.
+- `COLLATE NOCASE` names the case-insensitive collation the migrations create;
+- `json_each(?)`, a JSON array given as one parameter and read as rows of `value` (a list of ids
+  of any length in one statement), becomes `json_array_elements_text(?::json)`, whose rows are
+  named `value` too.
 
 Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
 hierarchies): an `IntegrityError` on a unique index means the same on both backends.
@@ -43,6 +46,7 @@ from daemon.store import backend
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
+_JSON_EACH = re.compile(r"\bjson_each\(\s*\?\s*\)", re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -51,6 +55,7 @@ def translate(sql: str) -> str:
     if _BEGIN_IMMEDIATE.match(sql):
         return "BEGIN"
     sql = _INDEXED_BY.sub("", sql)
+    sql = _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
     return _placeholders(sql)
