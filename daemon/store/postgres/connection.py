@@ -15,7 +15,9 @@ Each statement text is translated once (cached) from the store's dialect to Post
   from a status that changed meanwhile updates nothing and the caller's count check refuses it;
   the claim locks what it takes with `FOR UPDATE SKIP LOCKED` (`claim.py`); and an insert that
   meets an active task's idempotency key waits for that task's transaction, then does nothing;
-- `INDEXED BY <index>` (SQLite's planner hints) is dropped: PostgreSQL's planner needs none;
+- `INDEXED BY <index>` and a unary `+` before a column in a condition (`AND +status = ...`:
+  SQLite's planner hints, the second telling it not to use that column's index) are dropped:
+  PostgreSQL's planner needs none, and has no unary `+` for text;
 - `INSERT OR IGNORE INTO ...` becomes `INSERT INTO ... ON CONFLICT DO NOTHING`;
 - `COLLATE NOCASE` names the case-insensitive collation the migrations create;
 - `json_each(?)`, a JSON array given as one parameter and read as rows of `value` (a list of ids
@@ -46,6 +48,7 @@ from daemon.store import backend
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
+_UNARY_PLUS = re.compile(r"\b(WHERE|AND|OR|ON)\s+\+(?=[A-Za-z_])", re.IGNORECASE)
 _JSON_EACH = re.compile(r"\bjson_each\(\s*\?\s*\)", re.IGNORECASE)
 
 
@@ -55,6 +58,7 @@ def translate(sql: str) -> str:
     if _BEGIN_IMMEDIATE.match(sql):
         return "BEGIN"
     sql = _INDEXED_BY.sub("", sql)
+    sql = _UNARY_PLUS.sub(r"\1 ", sql)
     sql = _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
