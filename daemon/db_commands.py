@@ -11,12 +11,15 @@ import contextlib
 import fcntl
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from daemon import cli
 from daemon.errors import CopyRefused
+
+if TYPE_CHECKING:
+    from daemon.store.postgres.copy import Copied
 
 
 @cli.main.group("db", cls=cli.FredicaGroup)
@@ -64,7 +67,7 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
                     copied = copying.copy(source, target, shown_target)
                 except sqlite3.Error as exc:
                     raise CopyRefused(f"the copy failed, nothing was written: {exc}") from None
-    click.echo(_summary(copied.rows, shown_target, time.monotonic() - started))
+    click.echo(_summary(copied, shown_target, time.monotonic() - started))
 
 
 # What a row of each table is, for the summary; a table not named here says "rows in <table>".
@@ -76,10 +79,11 @@ _NOUNS = {
 }
 
 
-def _summary(rows: dict[str, int], target: str, seconds: float) -> str:
-    tasks, runs = rows.get("task", 0), rows.get("workflow_run", 0)
+def _summary(copied: Copied, target: str, seconds: float) -> str:
+    """One line: `copied N tasks in M runs (what else) to URL in S s`."""
+    tasks, runs = copied.tasks, copied.runs
     others = []
-    for table, count in rows.items():
+    for table, count in copied.rows.items():
         if table in ("task", "workflow_run") or not count:
             continue
         singular, plural = _NOUNS.get(table, (f"row in {table}", f"rows in {table}"))

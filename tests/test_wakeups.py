@@ -6,7 +6,6 @@ backend is killed is noticed, reconnects after its backoff and hears again."""
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -15,6 +14,7 @@ from daemon import pipes
 from daemon.store import db, tasks
 from daemon.store.postgres import wakeups
 from daemon.submission import TaskSpec
+from tests.conformance import conn, postgres_only, sqlite_only  # noqa: F401 (conn: on the `database` of each test)
 from tests.conftest import wait_for
 from tests.postgres_cluster import Cluster
 
@@ -23,23 +23,8 @@ WAIT = 10.0  # the longest a wake-up may take to arrive; a wait returns as soon 
 
 
 @pytest.fixture
-def url(postgres_module_database: str) -> str:
-    from tests.postgres_cluster import empty
-
-    empty(postgres_module_database)
-    return postgres_module_database
-
-
-@pytest.fixture
-def conn(url: str) -> Iterator[sqlite3.Connection]:
-    connection = db.open_database(url)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def listener(url: str) -> Iterator[wakeups.Listener]:
-    with wakeups.Listener(url) as made:
+def listener(database: str) -> Iterator[wakeups.Listener]:
+    with wakeups.Listener(database) as made:
         assert made.healthy
         yield made
 
@@ -73,6 +58,7 @@ def sentinel(conn: sqlite3.Connection, listener: wakeups.Listener) -> int:
     return wait_for(lambda: listener.drain(), WAIT)
 
 
+@postgres_only
 def test_a_committed_notify_wakes_a_waiting_loop(conn: sqlite3.Connection, listener: wakeups.Listener) -> None:
     assert listener.drain() == 0
     with db.write(conn):
@@ -82,6 +68,7 @@ def test_a_committed_notify_wakes_a_waiting_loop(conn: sqlite3.Connection, liste
     assert listener.drain() == 0  # taken
 
 
+@postgres_only
 def test_a_rolled_back_notify_sends_nothing(conn: sqlite3.Connection, listener: wakeups.Listener) -> None:
     with pytest.raises(RuntimeError):
         with db.write(conn):
@@ -91,6 +78,7 @@ def test_a_rolled_back_notify_sends_nothing(conn: sqlite3.Connection, listener: 
     assert sentinel(conn, listener) == 1  # the sentinel alone
 
 
+@postgres_only
 def test_one_notify_per_transaction_however_many_tasks(
     conn: sqlite3.Connection, listener: wakeups.Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +97,7 @@ def test_one_notify_per_transaction_however_many_tasks(
     assert woken(listener) == 1
 
 
+@postgres_only
 def test_a_notify_undone_with_its_savepoint_is_queued_again(
     conn: sqlite3.Connection, listener: wakeups.Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +111,7 @@ def test_a_notify_undone_with_its_savepoint_is_queued_again(
     assert woken(listener) == 1
 
 
+@postgres_only
 def test_outside_a_transaction_each_notify_is_sent_at_once(conn: sqlite3.Connection, listener: wakeups.Listener) -> None:
     wakeups.notify(conn)
     assert woken(listener) == 1
@@ -129,6 +119,7 @@ def test_outside_a_transaction_each_notify_is_sent_at_once(conn: sqlite3.Connect
     assert woken(listener) == 1
 
 
+@postgres_only
 def test_notify_off_sends_nothing(conn: sqlite3.Connection, listener: wakeups.Listener) -> None:
     conn.notify_wakeups = False  # type: ignore[attr-defined]  # [daemon] notify = false
     with db.write(conn):
@@ -137,18 +128,19 @@ def test_notify_off_sends_nothing(conn: sqlite3.Connection, listener: wakeups.Li
     assert sentinel(conn, listener) == 1
 
 
-def test_notify_on_sqlite_does_nothing(tmp_path: Path) -> None:
-    with db.open_database(tmp_path / "fredica.db") as conn:
-        with db.write(conn):
-            wakeups.notify(conn)  # no statement that SQLite would refuse
-        assert not hasattr(conn, "wakeup_queued")
+@sqlite_only
+def test_notify_on_sqlite_does_nothing(conn: sqlite3.Connection) -> None:
+    with db.write(conn):
+        wakeups.notify(conn)  # no statement that SQLite would refuse
+    assert not hasattr(conn, "wakeup_queued")
 
 
+@postgres_only
 def test_a_killed_listener_is_noticed_and_reconnects(
-    postgres_cluster: Cluster, conn: sqlite3.Connection, url: str
+    postgres_cluster: Cluster, conn: sqlite3.Connection, database: str
 ) -> None:
     clock = [100.0]
-    with wakeups.Listener(url, clock=lambda: clock[0], reconnect_first=1.0, reconnect_max=4.0) as listener:
+    with wakeups.Listener(database, clock=lambda: clock[0], reconnect_first=1.0, reconnect_max=4.0) as listener:
         killed = listener.backend_pid
         postgres_cluster.admin(f"SELECT pg_terminate_backend({killed})")
 
@@ -174,7 +166,9 @@ def test_a_killed_listener_is_noticed_and_reconnects(
         assert woken(listener) == 1
 
 
-def test_a_listener_that_cannot_connect_backs_off(postgres_cluster: Cluster, url: str) -> None:
+@postgres_only
+def test_a_listener_that_cannot_connect_backs_off(postgres_cluster: Cluster, database: str) -> None:
+    url = database
     clock = [0.0]
     name = url.split("?")[0].rsplit("/", 1)[1]
     postgres_cluster.admin(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
