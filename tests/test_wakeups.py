@@ -43,6 +43,11 @@ class NotifyCount:
         monkeypatch.setattr(conn.raw, "execute", execute)
 
 
+@pytest.fixture
+def count(conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch) -> NotifyCount:
+    return NotifyCount(conn, monkeypatch)
+
+
 def woken(listener: wakeups.Listener) -> int:
     """Wait, as the supervisor's loop does, until the listener's descriptor is readable; then
     how many wake-ups it took."""
@@ -80,9 +85,8 @@ def test_a_rolled_back_notify_sends_nothing(conn: sqlite3.Connection, listener: 
 
 @postgres_only
 def test_one_notify_per_transaction_however_many_tasks(
-    conn: sqlite3.Connection, listener: wakeups.Listener, monkeypatch: pytest.MonkeyPatch
+    conn: sqlite3.Connection, listener: wakeups.Listener, count: NotifyCount
 ) -> None:
-    count = NotifyCount(conn, monkeypatch)
     with db.write(conn):
         for i in range(1000):
             tasks.submit(conn, [TaskSpec(type="ECHO", payload={"i": i})], now=T0)
@@ -99,9 +103,8 @@ def test_one_notify_per_transaction_however_many_tasks(
 
 @postgres_only
 def test_a_notify_undone_with_its_savepoint_is_queued_again(
-    conn: sqlite3.Connection, listener: wakeups.Listener, monkeypatch: pytest.MonkeyPatch
+    conn: sqlite3.Connection, listener: wakeups.Listener, count: NotifyCount
 ) -> None:
-    count = NotifyCount(conn, monkeypatch)
     with db.write(conn):
         with pytest.raises(RuntimeError), db.savepoint(conn):
             wakeups.notify(conn)
