@@ -714,6 +714,6 @@ def http_token() -> None:
 
 def _register_acting_commands() -> None:
     """The acting commands (cancel, pause, resume, hold, release, priority, retry, restarts
-    dismiss|recreate) are registered on `main` and `restarts` by their own module, which uses this
-    one's helpers: imported once, when first needed (see FredicaGroup)."""
-    from daemon import acting_commands  # noqa: F401
+    dismiss|recreate) and `db` are registered on `main` and `restarts` by their own modules, which
+    use this one's helpers: imported once, when first needed (see FredicaGroup)."""
+    from daemon import acting_commands, db_commands  # noqa: F401

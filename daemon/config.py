@@ -64,6 +64,9 @@ class Settings:
     # Seconds a finished run is kept before the hourly pass removes it (0: kept for ever). A month
     # lets people look back at what ran while the database and tasks/*.log stay bounded.
     keep_finished: float = 30 * 86400.0
+    # PostgreSQL (SPEC §16): supervisors wake each other with LISTEN/NOTIFY; off behind a pooler
+    # that passes no LISTEN (PgBouncer in transaction mode), where they only poll.
+    notify: bool = True
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -138,6 +141,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "max_result_bytes": (int, (lambda v: 1 <= v <= 16 * 1024 * 1024, "must be between 1 and 16777216")),
     "max_task_log_bytes": (int, (lambda v: v >= 64 * 1024, "must be at least 65536")),
     "keep_finished": (str, (lambda v: _is_duration(v), 'must be a duration like "30d", "12h" or "0" (keep everything)')),
+    "notify": (bool, None),
 }
 RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),

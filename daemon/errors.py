@@ -222,3 +222,7 @@ class ExportFailed(FredicaError):
 
 class MigrationError(FredicaError):
     """The database schema cannot be brought to this version."""
+
+
+class CopyRefused(FredicaError):
+    """The queue cannot be copied to PostgreSQL (`fredica db copy`); nothing was written."""

@@ -21,3 +21,5 @@ def conn(store: sqlite3.Connection) -> sqlite3.Connection:
 
 # For a test of SQLite's own machinery (its query plans, statement traces): SQLite only.
 sqlite_only = pytest.mark.parametrize("database", ["sqlite"], indirect=True)
+# For a test of what PostgreSQL alone has (LISTEN/NOTIFY): PostgreSQL only.
+postgres_only = pytest.mark.parametrize("database", ["postgresql"], indirect=True)

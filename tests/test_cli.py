@@ -649,7 +649,9 @@ def test_daemon_command_runs_the_service_in_the_foreground(monkeypatch, tmp_path
 
 def test_every_command_has_help_with_a_description():
     runner = CliRunner()
-    commands = [[name] for name in cli.main.commands] + [["restarts", "dismiss"], ["restarts", "recreate"]]
+    commands = [[name] for name in cli.main.commands] + [
+        ["restarts", "dismiss"], ["restarts", "recreate"], ["db"], ["db", "copy"]
+    ]
     for command in commands:
         result = runner.invoke(cli.main, [*command, "--help"])
         assert result.exit_code == 0, command

@@ -71,6 +71,7 @@ def test_lookup_order(tmp_path: Path) -> None:
         ("[daemon]\nsynchronous = 'off'\n", 'synchronous must be "normal" or "full"'),
         ("[retry]\nbackoff_base = nan\n", "backoff_base must be a finite number"),
         ("[daemon]\nwarm_spare = 1\n", "warm_spare must be true or false"),
+        ("[daemon]\nnotify = 'no'\n", "notify must be true or false"),
         ("[daemon]\ntasks_per_process = 0\n", "tasks_per_process must be between 1 and 1000000"),
         ("[daemon]\ntasks_per_process = true\n", "tasks_per_process must be an integer"),
         ("[daemon]\nidle_poll_interval = 3000000\n", "idle_poll_interval must be greater than 0 and at most 3600"),
@@ -161,3 +162,8 @@ def test_a_postgresql_url_as_database_is_refused_until_the_daemon_runs_on_it() -
     for url in ("postgresql://localhost/fredica", "postgres://u@h/db"):
         with pytest.raises(ConfigError, match="PostgreSQL URL is not supported by the daemon yet"):
             config.from_mapping({"daemon": {"database": url}}, env=ENV)
+
+
+def test_notify_is_a_switch_on_by_default() -> None:
+    assert Settings.defaults(ENV).notify is True
+    assert config.from_mapping({"daemon": {"notify": False}}, env=ENV).notify is False

@@ -15,6 +15,7 @@ from daemon.store import runs, selection, tasks, waiting
 from daemon.store.selection import Scope
 from daemon.submission import parse_spec
 from tests import store_steps
+from tests.conformance import conn, sqlite_only  # noqa: F401 (every test on every backend)
 
 T0 = 7_000.0
 
@@ -39,6 +40,7 @@ def test_a_held_task_is_never_claimed_and_is_claimable_once_released(conn: sqlit
     assert not tasks.get(conn, held).is_held
 
 
+@sqlite_only  # its query plan
 def test_the_claim_stays_a_lookup_in_the_ready_index_with_held_tasks(conn: sqlite3.Connection) -> None:
     submit(conn, *({"type": "A", "hold": True, "priority": 5} for _ in range(50)), {"type": "B"})
     traced: list[str] = []

@@ -19,6 +19,7 @@ from daemon.models import TaskStatus
 from daemon.store import listing as store_listing
 from daemon.store import tasks
 from daemon.submission import TaskSpec
+from tests.conformance import conn  # noqa: F401 (the store's pages on every backend)
 from tests.daemon_harness import Daemon
 from tests.test_cli import RUN, FakeDaemon, cfg, fake, fredica, isolated_env, task  # noqa: F401 (fixtures)
 

@@ -244,3 +244,17 @@ def test_cancel_waiting_in_run(conn: sqlite3.Connection) -> None:
 def test_cancel_waiting_in_an_unknown_run(conn: sqlite3.Connection) -> None:
     with pytest.raises(UnknownRun):
         tasks.cancel_waiting_in_run(conn, "no-such-run", now=T0)
+
+
+def test_runs_are_listed_newest_first_those_of_one_instant_by_id(conn: sqlite3.Connection) -> None:
+    """On both backends: SQLite's rowid, the old tie-break, is no column on PostgreSQL."""
+    at_first = [tasks.submit(conn, [TaskSpec(type="A")], now=T0).run_id for _ in range(3)]
+    later = [tasks.submit(conn, [TaskSpec(type="B")], now=T0 + 1).run_id for _ in range(2)]
+    store_steps.claim_next(conn, T0 + 2)  # one of the first runs is running now
+
+    listed = [run.id for run in runs.list_runs(conn)]
+
+    assert listed == sorted(later, reverse=True) + sorted(at_first, reverse=True)
+    assert [run.id for run in runs.list_runs(conn, limit=3)] == listed[:3]
+    pending = [run.id for run in runs.list_runs(conn, status=RunStatus.PENDING.value)]
+    assert len(pending) == 4 and pending == [run_id for run_id in listed if run_id in pending]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from daemon.models import TaskStatus as S
-from daemon.store import boots, tasks
+from daemon.store import boots, live, tasks
 from daemon.submission import parse_spec
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
@@ -58,3 +58,24 @@ def test_a_boot_time_is_kept_once(conn: sqlite3.Connection) -> None:
     assert boots.boot_time(conn, "boot-a", 100.5) == 100.5
     assert boots.boot_time(conn, "boot-a", 200.0) == 100.5
     assert boots.boot_time(conn, "boot-b", 300.0) == 300.0
+
+
+def test_the_live_feed_and_the_page_read_alike_on_every_backend(conn: sqlite3.Connection) -> None:
+    """daemon/store/live.py, which the web page's feed, its task pages and /metrics read."""
+    ids = _chain(conn)
+    [claimed] = tasks.claim_ready(conn, T0, 1)
+    tasks.start(conn, claimed.id, now=T0 + 1)
+    seqs = {task.id: task.seq for task in tasks.list_tasks(conn)}
+
+    [running] = live.active(conn)
+    assert running["id"] == claimed.id and running["status"] == "running"
+    assert "payload" not in running and "heartbeat_at" not in running and "is_held" in running
+    assert [row["id"] for row in live.added_since(conn, seqs[ids[1]], 10)] == ids[2:]
+    assert [row["id"] for row in live.by_ids(conn, [ids[3], "no-such-task"])] == [ids[3]]
+    assert live.last_seq(conn) == max(seqs.values())
+    page, total = live.newest(conn, limit=2)
+    assert [row["id"] for row in page] == [ids[3], ids[2]] and total == 4
+    page, total = live.newest(conn, status="waiting", before=seqs[ids[3]])
+    assert [row["id"] for row in page] == [ids[2], ids[1]] and total == 3
+    assert sorted(live.tasks_by_status_and_queue(conn)) == [("pending", "default", 3), ("running", "default", 1)]
+    assert live.restart_entries_by_disposition(conn) == {}

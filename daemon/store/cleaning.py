@@ -81,12 +81,13 @@ def preview(conn: sqlite3.Connection, *, cutoff: float, status: str | None = Non
     return Removed(len(run_ids), tuple(task_id for _, task_id in _tasks_of(conn, run_ids)))
 
 
-def _tasks_of(conn: sqlite3.Connection, run_ids: Sequence[str], limit: int = -1) -> list[tuple[int, str]]:
-    """(seq, id) of the runs' tasks (at most `limit`, -1: all): one statement for all of them."""
-    return conn.execute(
-        "SELECT seq, id FROM task WHERE workflow_run_id IN (SELECT value FROM json_each(?)) LIMIT ?",
-        (json.dumps(list(run_ids)), limit),
-    ).fetchall()
+def _tasks_of(conn: sqlite3.Connection, run_ids: Sequence[str], limit: int | None = None) -> list[tuple[int, str]]:
+    """(seq, id) of the runs' tasks (at most `limit`; None: all): one statement for all of them."""
+    # No `LIMIT -1` for "all": SQLite reads it so, PostgreSQL refuses a negative limit.
+    sql = "SELECT seq, id FROM task WHERE workflow_run_id IN (SELECT value FROM json_each(?))"
+    if limit is None:
+        return conn.execute(sql, (json.dumps(list(run_ids)),)).fetchall()
+    return conn.execute(sql + " LIMIT ?", (json.dumps(list(run_ids)), limit)).fetchall()
 
 
 def remove_chunk(

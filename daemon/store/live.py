@@ -20,7 +20,10 @@ LEFT_OUT = frozenset({"payload", "result", "error", "depends_on", "heartbeat_at"
 
 
 def _select(conn: sqlite3.Connection) -> str:
-    names = [row[1] for row in conn.execute("PRAGMA table_info(task)") if row[1] not in LEFT_OUT]
+    # The columns as a query reports them (no rows read), which both backends do alike: SQLite's
+    # PRAGMA table_info has no PostgreSQL counterpart.
+    columns = conn.execute("SELECT * FROM task LIMIT 0").description
+    names = [column[0] for column in columns if column[0] not in LEFT_OUT]
     return f"SELECT {', '.join(names)} FROM task"
 
 

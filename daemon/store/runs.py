@@ -81,12 +81,13 @@ def get(conn: sqlite3.Connection, run_id: str) -> WorkflowRun:
 def list_runs(
     conn: sqlite3.Connection, *, status: str | None = None, limit: int | None = None
 ) -> list[WorkflowRun]:
-    """Runs, newest first."""
+    """Runs, newest first; runs created at the very same time in the order of their ids (an order
+    both backends have: SQLite's rowid, which VACUUM may renumber, has no PostgreSQL counterpart)."""
     sql, params = "SELECT * FROM workflow_run", []
     if status is not None:
         sql += " WHERE status = ?"
         params.append(status)
-    sql += " ORDER BY created_at DESC, rowid DESC"
+    sql += " ORDER BY created_at DESC, id DESC"
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
