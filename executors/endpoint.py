@@ -31,7 +31,7 @@ from executors._parent import (
 from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
 from executors.channel import READ_CHUNK, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
-from executors.steering import ControlReader, Steered, Steering
+from executors.steering import AheadAttempts, ControlReader, Steered, Steering
 
 if TYPE_CHECKING:
     from daemon.models import Task
@@ -71,12 +71,18 @@ def serve(
     status.on_broken = functools.partial(end_orphaned_attempt, state)
     watch_daemon(control.fileno(), state)
     steering = ControlReader(control.fileno())
+    ahead = AheadAttempts(status)
+    steering.on_revoke = ahead.revoke
     while True:
         try:
             assignment: Assignment = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
+        if assignment.prefetched and not ahead.start(assignment.attempt):
+            continue  # revoked while it waited: the supervisor has it back
+        if assignment.prefetching:
+            steering.start()  # the next one may be revoked while this one runs: read at once
         state.take()
         exit_code = _run_attempt(assignment, status, steering, output, state, end_leftovers_first=False)
         if assignment.last or exit_code:

@@ -12,7 +12,11 @@ An event-loop process (`executors.event_loop`) reads the pipe with its loop inst
 the bytes to a `Commands`, as `ControlReader` does: one parser and one routing of commands for
 both, to the many attempts the loop holds (each a `Steered`, with asyncio Events).
 
-The thread starts the first time an attempt uses one of its Events, after applying every command
+A "revoke" names an attempt sent ahead (prefetch, SPEC §15) that has not started: it goes to the
+process's `AheadAttempts`, which decides it against the attempt's start under one lock.
+
+The thread starts the first time an attempt uses one of its Events (or at once, for an attempt of
+a queue that sends tasks ahead: a revoke must be answered while it runs), after applying every command
 already in the pipe, so that use sees them all. An attempt that never looks at its Events (most
 short tasks) never pays for a thread; in a fresh fork per attempt that is a fifth of its cost.
 
@@ -29,12 +33,14 @@ import collections
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from executors import framing
 from executors.channel import MAX_MESSAGE, READ_CHUNK, encode, poll_now
 
-COMMANDS = ("cancel", "pause", "resume")
+# "revoke": for an attempt sent ahead (prefetch, SPEC §15) that the process has not started: it
+# answers {"type": "revoked", "attempt"} and never starts it, or nothing if it already has.
+COMMANDS = ("cancel", "pause", "resume", "revoke")
 # Commands for attempts this process has not started yet (the supervisor may pause a task the
 # moment it has sent it): kept for this many attempts, so stale ones cannot pile up.
 PENDING_ATTEMPTS = 8
@@ -149,6 +155,8 @@ class Commands:
         self._attempts: dict[str, Steered] = {}
         self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
         self._pending_attempts = pending_attempts
+        # Where a "revoke" goes (it is for no attempt under way): the process's `AheadAttempts`.
+        self.on_revoke: Callable[[str], None] | None = None
 
     def attach(self, steered: Steered, *, only: bool = False) -> None:
         """Steer `steered` from now on, after the commands already sent for it. `only`: it is
@@ -188,6 +196,10 @@ class Commands:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:
             return
         kind, attempt = message["type"], str(message.get("attempt"))
+        if kind == "revoke":
+            if self.on_revoke is not None:
+                self.on_revoke(attempt)
+            return
         reason = message.get("reason")
         reason = reason if isinstance(reason, str) else None
         with self._lock:
@@ -254,3 +266,47 @@ class ControlReader(Commands):
 
     def _feed(self, chunk: bytes) -> None:
         self.feed(chunk)
+
+
+class _Status(Protocol):
+    def put(self, message: dict[str, Any]) -> None: ...
+
+
+# Attempts whose start is remembered, to leave a revoke that crossed it unanswered: one comes
+# within moments of the start, so a few suffice.
+REMEMBERED_STARTS = 1024
+
+
+class AheadAttempts:
+    """The attempts sent ahead to a process that runs one at a time (prefetch, SPEC §15), and the
+    one decision about each, made under one lock so that it is never made both ways: started
+    (by the main thread, once the attempt before it is over) or revoked (by the control reader's
+    thread, while that one runs). Each is said on the status channel before anything else
+    happens: "started" before any executor code runs, "revoked" before the supervisor may hand
+    the task to another process."""
+
+    def __init__(self, status: _Status) -> None:
+        self._status = status
+        self._lock = threading.Lock()
+        self._started: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._revoked: set[str] = set()
+
+    def start(self, attempt: str) -> bool:
+        """Start `attempt` if it was not revoked (False: it was, and is dropped)."""
+        with self._lock:
+            if attempt in self._revoked:
+                self._revoked.discard(attempt)
+                return False
+            self._started[attempt] = None
+            while len(self._started) > REMEMBERED_STARTS:
+                self._started.popitem(last=False)
+            self._status.put({"type": "started", "attempt": attempt})
+            return True
+
+    def revoke(self, attempt: str) -> None:
+        """Never start `attempt`, unless it has started (then its "started" has gone already)."""
+        with self._lock:
+            if attempt in self._started or attempt in self._revoked:
+                return
+            self._revoked.add(attempt)
+            self._status.put({"type": "revoked", "attempt": attempt})
