@@ -876,12 +876,15 @@ class Supervisor(SendsAhead):
         rt.end(now)
         self.running.pop(rt.task.id, None)  # one sent ahead that never started was not there
         self._finished.append(rt)  # from here on, a rolled-back tick keeps it in `unrecorded`
-        lane = self.lanes.get(id(process)) if self.lanes else None
-        if lane is not None:
-            if not lane.over(rt, takes_another):
-                return  # its process runs the next of its lane, or still holds some sent ahead
-            del self.lanes[id(process)]
-            takes_another = lane.reusable and process.is_alive() and not process.status.closed
+        lane = rt.lane
+        if lane is not None:  # a queue's prefetch: its worker may hold more of ours
+            done = lane.over(rt, takes_another)
+            if done:
+                self.lanes.pop(id(lane), None)
+            if not process.holds_many:
+                if not done:
+                    return  # its process runs the next of its lane, or still holds some sent ahead
+                takes_another = lane.reusable and process.is_alive() and not process.status.closed
         try:
             if takes_another or process.holds_many:
                 self._pool_of(process).put_back(process)

@@ -39,5 +39,8 @@ class Assignment:
     # "attempt"} before any executor code runs, unless a "revoke" command came first.
     # `prefetching`: its queue sends tasks ahead, so the process reads its control pipe the whole
     # time this attempt runs, to answer a revoke of the next one at once.
+    # `after` (event-loop processes): the attempt this one follows, sent ahead; it starts once
+    # that one is over (or at once if it is already).
     prefetched: bool = False
     prefetching: bool = False
+    after: str | None = None

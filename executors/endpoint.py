@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import framing, registry
+from executors.ahead import AheadAttempts
 from executors.assignment import Assignment, Limits
 from executors._parent import (
     LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
@@ -31,7 +32,7 @@ from executors._parent import (
 from executors.base import BadResult, ExecuteResult, StatusSink, TaskContext, stored_result
 from executors.channel import READ_CHUNK, StatusQueue, encode, poll_now
 from executors.output import AttemptOutput
-from executors.steering import AheadAttempts, ControlReader, Steered, Steering
+from executors.steering import ControlReader, Steered, Steering
 
 if TYPE_CHECKING:
     from daemon.models import Task

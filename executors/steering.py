@@ -13,7 +13,7 @@ the bytes to a `Commands`, as `ControlReader` does: one parser and one routing o
 both, to the many attempts the loop holds (each a `Steered`, with asyncio Events).
 
 A "revoke" names an attempt sent ahead (prefetch, SPEC §15) that has not started: it goes to the
-process's `AheadAttempts`, which decides it against the attempt's start under one lock.
+process's own record of those (`executors.ahead`), which decides it against the attempt's start.
 
 The thread starts the first time an attempt uses one of its Events (or at once, for an attempt of
 a queue that sends tasks ahead: a revoke must be answered while it runs), after applying every command
@@ -33,7 +33,7 @@ import collections
 import json
 import os
 import threading
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from executors import framing
 from executors.channel import MAX_MESSAGE, READ_CHUNK, encode, poll_now
@@ -267,46 +267,3 @@ class ControlReader(Commands):
     def _feed(self, chunk: bytes) -> None:
         self.feed(chunk)
 
-
-class _Status(Protocol):
-    def put(self, message: dict[str, Any]) -> None: ...
-
-
-# Attempts whose start is remembered, to leave a revoke that crossed it unanswered: one comes
-# within moments of the start, so a few suffice.
-REMEMBERED_STARTS = 1024
-
-
-class AheadAttempts:
-    """The attempts sent ahead to a process that runs one at a time (prefetch, SPEC §15), and the
-    one decision about each, made under one lock so that it is never made both ways: started
-    (by the main thread, once the attempt before it is over) or revoked (by the control reader's
-    thread, while that one runs). Each is said on the status channel before anything else
-    happens: "started" before any executor code runs, "revoked" before the supervisor may hand
-    the task to another process."""
-
-    def __init__(self, status: _Status) -> None:
-        self._status = status
-        self._lock = threading.Lock()
-        self._started: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._revoked: set[str] = set()
-
-    def start(self, attempt: str) -> bool:
-        """Start `attempt` if it was not revoked (False: it was, and is dropped)."""
-        with self._lock:
-            if attempt in self._revoked:
-                self._revoked.discard(attempt)
-                return False
-            self._started[attempt] = None
-            while len(self._started) > REMEMBERED_STARTS:
-                self._started.popitem(last=False)
-            self._status.put({"type": "started", "attempt": attempt})
-            return True
-
-    def revoke(self, attempt: str) -> None:
-        """Never start `attempt`, unless it has started (then its "started" has gone already)."""
-        with self._lock:
-            if attempt in self._started or attempt in self._revoked:
-                return
-            self._revoked.add(attempt)
-            self._status.put({"type": "revoked", "attempt": attempt})

@@ -16,7 +16,7 @@ from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests.prefetch_executors import tally
 
-EXECUTORS = {"TALLY": "tests.prefetch_executors:Tally"}
+EXECUTORS = {"TALLY": "tests.prefetch_executors:Tally", "ATALLY": "tests.prefetch_executors:AsyncTally"}
 
 
 def prefetching(daemons: Callable[..., Daemon], *, workers: int, prefetch: int, name: str = "d") -> Daemon:
@@ -90,3 +90,25 @@ def test_after_kill9_the_tasks_sent_ahead_are_interrupted_and_none_runs_twice(da
     counts = collections.Counter(task_id for task_id, _ in tally(ledger))
     assert counts[first] == 1 and counts[rest[2]] == 1 and max(counts.values()) == 1
     assert counts[rest[0]] == counts[rest[1]] == 0  # the executor was ended with its daemon, running the first
+
+
+def test_an_event_loop_queue_sends_tasks_ahead_and_runs_each_once(daemons: Any, tmp_path: Path) -> None:
+    d = daemons(executors=EXECUTORS, warm_spare=False,
+                extra_toml="[queues.web]\nworkers = 2\nprefetch = 2\ntypes = ['ATALLY']\n").start()
+    ledger, gates = tmp_path / "tally", [tmp_path / "go-a", tmp_path / "go-b"]
+    busy = [d.submit("ATALLY", payload={"tally": str(ledger), "go_file": str(gate)}) for gate in gates]
+    pid = d.wait_task(busy[0], "running")["executor_pid"]
+    d.wait_task(busy[1], "running")
+    rest = [d.submit("ATALLY", payload={"tally": str(ledger)}) for _ in range(6)]
+    # Two attempts run; each of their workers holds two more, sent to the event-loop process.
+    wait_for(lambda: [t["status"] for t in rows(d, rest)].count("claimed") == 4)
+    claimed = [t for t in rows(d, rest) if t["status"] == "claimed"]
+    assert all(t["executor_pid"] == pid for t in claimed)
+    assert sorted(task_id for task_id, _ in tally(ledger)) == sorted(busy)
+    for gate in gates:
+        gate.touch()
+    for task_id in [*busy, *rest]:
+        assert d.wait_task(task_id, "completed", "failed")["status"] == "completed", d.task(task_id)
+    counts = collections.Counter(task_id for task_id, _ in tally(ledger))
+    assert counts == {task_id: 1 for task_id in [*busy, *rest]}
+    assert {p for _, p in tally(ledger)} == {pid}

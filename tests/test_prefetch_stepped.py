@@ -260,3 +260,55 @@ def test_recovery_fails_a_task_sent_ahead_as_interrupted_and_puts_back_a_claimed
     assert report.interrupted == 2 and report.requeued == 1
     logged = {entry.task_id: entry.status_at_restart for entry in restarts.list_entries(s.sup.conn)}
     assert logged == {a: "running", b: "claimed", c: "claimed"}
+
+
+def test_an_event_loop_queue_sends_tasks_ahead_each_behind_one_attempt_it_runs(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(workers=2, prefetch=1)
+    ids = [s.submit("UNTIL_CANCELLED") for _ in range(5)]
+    s.at(0.0)
+    loop = s.process(ids[0])
+    assert all(s.process(task_id) is loop for task_id in ids[:4]) and loop.kind == "event_loop"
+    assert statuses(s, ids) == ["running", "running", "claimed", "claimed", "pending"]
+    sent = {a.task.id: a for a in loop.sent}
+    heads = {s.sup.running[ids[0]].token, s.sup.running[ids[1]].token}
+    # Each waits behind a different attempt: the process runs two at once, whatever ends first.
+    assert {sent[ids[2]].after, sent[ids[3]].after} == heads and sent[ids[2]].prefetched
+    assert all(s.task(task_id).executor_pid == loop.pid for task_id in ids[2:4])
+    follower = next(task_id for task_id in ids[2:4] if sent[task_id].after == s.sup.running[ids[0]].token)
+    loop.result({}, token=s.sup.running[ids[0]].token)
+    loop.send({"type": "started"}, token=token(s, follower))
+    s.at(1.0)
+    assert s.task(ids[0]).status is TaskStatus.COMPLETED and s.task(follower).status is TaskStatus.RUNNING
+    # The follower's lane has room again: the fifth is sent ahead behind it.
+    assert s.task(ids[4]).status is TaskStatus.CLAIMED and loop.sent[-1].after == s.sup.running[follower].token
+
+
+def test_in_an_event_loop_queue_a_freed_worker_takes_over_a_task_waiting_behind_another(
+    stepped: Callable[..., Stepped],
+) -> None:
+    s = stepped(workers=2, prefetch=1)
+    a, b, c = (s.submit("UNTIL_CANCELLED") for _ in range(3))
+    s.at(0.0)
+    loop = s.process(a)
+    behind = loop.sent[-1].after
+    ended = b if behind == s.sup.running[a].token else a
+    loop.result({}, token=s.sup.running[ended].token)
+    s.at(1.0)
+    assert loop.told("revoke") == [("revoke", token(s, c))]
+    loop.send({"type": "revoked"}, token=token(s, c))
+    s.at(2.0)
+    assert s.task(c).status is TaskStatus.RUNNING and not loop.sent[-1].prefetched  # starts at once
+    assert loop.holding == 2  # the one still running, and c
+
+
+def test_an_event_loop_process_that_dies_puts_back_what_it_never_started(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(workers=1, prefetch=2)
+    a, b, c = (s.submit("UNTIL_CANCELLED", max_retries=0) for _ in range(3))
+    s.at(0.0)
+    loop = s.process(a)
+    loop.process_exit(-9)
+    s.at(1.0)
+    assert s.task(a).status is TaskStatus.FAILED and s.task(a).error_type == models.CRASHED
+    # b and c never started: back to pending, then claimed again (into a new process).
+    assert [s.task(t).retry_count for t in (b, c)] == [0, 0]
+    assert s.task(b).status is TaskStatus.RUNNING and s.task(b).executor_pid != loop.pid

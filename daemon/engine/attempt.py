@@ -124,6 +124,7 @@ class Attempt:
     revoke_reason: str | None = None  # one of REVOKE_REASONS once it was asked back
     revoked: bool = False  # its process said it never started it and never will
     start_recorded: bool = True  # `running` in the database (for one sent ahead: once started)
+    lane: Any = None  # its `daemon.engine.prefetch.Lane`, in a queue that sends tasks ahead
 
     def __post_init__(self) -> None:
         self.entered.setdefault(self.phase, self.started_at)

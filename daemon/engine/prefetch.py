@@ -1,16 +1,16 @@
 """A queue's prefetch (SPEC §15): the workers that hold tasks sent ahead, and what a queue may
 claim and must take back.
 
-A worker of a queue with `prefetch = N` is a `Lane`: a process that runs attempts one at a time
-(a reused process, `tasks_per_process` > 1), the attempt it runs (its head), and up to N attempts
-sent ahead behind it, oldest first, each still `claimed`. The process starts the next on its own
-once its head is over, and says "started"; the lane then has that one as its head. Between the
-two (the head over, "started" not read yet) the lane has no head, and its worker is still taken:
-the next is its own to start.
+A worker of a queue with `prefetch = N` is a `Lane`: the attempt it runs (its head), in a process
+that runs attempts one at a time (a reused process, `tasks_per_process` > 1) or in an event-loop
+process (one lane per attempt it runs), and up to N attempts sent ahead behind it, oldest first,
+each still `claimed`. The process starts the next on its own once the one before it is over, and
+says "started"; the lane then has that one as its head. Between the two (the head over, "started"
+not read yet) the lane has no head, and its worker is still taken: the next is its own to start.
 
 A fresh process per attempt takes nothing ahead (its next fork does not exist yet, and the forks
-share one control pipe the launcher drains between attempts), nor does an event-loop process (not
-yet): a queue's prefetch does nothing for them. Nothing here reads the database or the clock.
+share one control pipe the launcher drains between attempts): a queue's prefetch does nothing for
+it. Nothing here reads the database or the clock.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import dataclasses
 from typing import TYPE_CHECKING, Iterable
 
 from daemon.engine.attempt import Attempt, Phase
+from executors.base import TaskExecutor
 
 if TYPE_CHECKING:
     from daemon.engine.executor_processes.base import ExecutorProcess
 
 GOING = (Phase.ASSIGNED, Phase.RUNNING)  # a head behind which tasks may wait
+KINDS = ("reused", "event_loop")  # the processes that take tasks ahead
 
 
 @dataclasses.dataclass(eq=False)
@@ -43,17 +45,26 @@ class Lane:
         not stopping, and a process that will run it (never its last: that one is sent when the
         process is idle, as any other)."""
         process = self.process
-        if len(self.ahead) >= prefetch or process.kind != "reused":
+        if len(self.ahead) >= prefetch or process.assignments is None or process.status.closed:
             return False
+        if process.holds_many:
+            blocked = getattr(process, "blocked", False)
+            return not blocked and (self.head is None or self.head.phase in GOING) and process.is_alive()
         if self.head is not None and (self.head.phase not in GOING or process.last):
             return False
         # Those of this tick are handed over after its commit: counted here already.
         unsent = sum(1 for rt in [self.head, *self.ahead] if rt is not None and not rt.token)
-        planned = process.attempts + unsent
-        return (
-            planned + 1 < tasks_per_process and process.assignments is not None
-            and not process.status.closed and process.is_alive()
-        )
+        return process.attempts + unsent + 1 < tasks_per_process and process.is_alive()
+
+    def fits(self, executor: TaskExecutor) -> bool:
+        """Whether `executor`'s attempt may wait here: in a process of the kind it runs in."""
+        if self.process.holds_many:
+            return executor.runs_in_event_loop()
+        return not executor.runs_in_event_loop() and not executor.needs_fresh_process
+
+    def tail(self) -> Attempt | None:
+        """The attempt one sent ahead now follows (the last of the lane)."""
+        return self.ahead[-1] if self.ahead else self.head
 
     def started(self, rt: Attempt) -> None:
         """`rt`, sent ahead, has started: it is the head now."""

@@ -42,7 +42,7 @@ class SendsAhead:
 
     def _init_sending_ahead(self, configs: Mapping[str, QueueConfig]) -> None:
         self.ahead: dict[str, Attempt] = {}  # by task id: sent ahead, not started
-        self.lanes: dict[int, prefetch.Lane] = {}  # by id() of their process: those holding some
+        self.lanes: dict[int, prefetch.Lane] = {}  # by id(): those holding some (each attempt's `lane`)
         self.prefetching = {name: queue.prefetch for name, queue in configs.items() if queue.prefetch}
         self._starts: list[Attempt] = []  # started, not yet recorded `running`
         self._starts_recorded: list[tuple[Attempt, Task]] = []  # this tick's (and the task as it was)
@@ -85,32 +85,29 @@ class SendsAhead:
             self._dispatch_claimed(task, now)
         again = len(self.running) - running_before < len(into_free)  # one ended at once
         for task in behind:
-            lane = min((lane for lane in room if lane.takes_ahead(depth, self.settings.tasks_per_process)),
-                       key=lambda lane: len(lane.ahead), default=None)
-            if lane is None or queue in self._ahead_refused:  # a task of its batch could not wait
+            if queue in self._ahead_refused:  # a task of its batch found no lane to wait in
                 tasks.requeue(self.conn, task.id, now=now, known=task)
                 continue
-            again = not self._dispatch_ahead_claimed(task, lane, now) or again
+            again = not self._dispatch_ahead_claimed(task, room, depth, now) or again
         # The workers just filled take tasks ahead too: another pass, if there may be more.
         again = again or (bool(into_free) and len(batch) == wanted and queue not in self._ahead_refused)
         return len(batch), again, True
 
     def _lanes_of(self: Supervisor, queue: str) -> list[prefetch.Lane]:
-        """The queue's lanes: those holding tasks sent ahead, and every other process of it that
-        runs attempts one at a time (a lane once something is sent ahead to it)."""
+        """The queue's lanes: those holding tasks sent ahead, and every other attempt it runs in a
+        process that takes tasks ahead (a lane once something is sent ahead behind it)."""
         lanes = [lane for lane in self.lanes.values() if lane.queue == queue]
-        held = {id(lane.process) for lane in lanes}
         for rt in self.running.values():
-            if rt.task.queue == queue and rt.process.kind == "reused" and id(rt.process) not in held:
-                held.add(id(rt.process))
+            if rt.lane is None and rt.task.queue == queue and rt.process.kind in prefetch.KINDS:
                 lanes.append(prefetch.Lane(queue, rt.process, rt))
         return lanes
 
-    def _dispatch_ahead_claimed(self: Supervisor, task: Task, lane: prefetch.Lane, now: float) -> bool:
-        """Send a claimed task ahead into `lane`; False if it did not go (ended at once, or put back)."""
+    def _dispatch_ahead_claimed(self: Supervisor, task: Task, room: list[prefetch.Lane], depth: int, now: float) -> bool:
+        """Send a claimed task ahead into the lane of `room` with fewest that fits it; False if it
+        did not go (ended at once, or put back)."""
         try:
             with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
-                return self._dispatch_ahead(task, lane, now)
+                return self._dispatch_ahead(task, room, depth, now)
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
@@ -119,34 +116,47 @@ class SendsAhead:
             self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
             return False
 
-    def _dispatch_ahead(self: Supervisor, task: Task, lane: prefetch.Lane, now: float) -> bool:
+    def _dispatch_ahead(self: Supervisor, task: Task, room: list[prefetch.Lane], depth: int, now: float) -> bool:
         prepared = dispatch.prepare(self.conn, self.settings, self.registry, task, now)
         if isinstance(prepared, outcomes.Recorded):
             self._note(prepared)  # ended at once: it needs no process
             return False
         executor = prepared.executor
-        if executor.runs_in_event_loop() or executor.needs_fresh_process:
-            # It cannot wait in a process that runs attempts one at a time: back to the queue, to
-            # be claimed into a free worker; nothing more of this queue is sent ahead this tick.
+        fitting = [lane for lane in room if lane.fits(executor)
+                   and lane.takes_ahead(depth, self.settings.tasks_per_process)]
+        if not fitting:
+            # No lane of the kind of process it runs in has room (it needs a fresh process, or is
+            # of the other kind): back to the queue, to be claimed into a free worker; nothing
+            # more of this queue is sent ahead this tick.
             self._ahead_refused.add(task.queue)
             tasks.requeue(self.conn, task.id, now=now, known=task)
             return False
+        lane = min(fitting, key=lambda lane: len(lane.ahead))
         process = lane.process
         pid, pid_started = process.next_attempt_process()
         # Recorded before it is sent: from the commit on, recovery counts it as one that may
         # have run. It stays `claimed`: its process starts it on its own.
         sent = tasks.record_sent_ahead(self.conn, task, executor_pid=pid, executor_started_at=pid_started)
         rt = Attempt.sent_ahead(sent, process, executor, now)
-        self.lanes.setdefault(id(process), lane)
+        follows = lane.tail()
+        if id(lane) not in self.lanes:
+            self.lanes[id(lane)] = lane
+            if lane.head is not None:
+                lane.head.lane = lane
+        rt.lane = lane
         lane.ahead.append(rt)
         self.ahead[task.id] = rt
+        if process.holds_many:
+            process.holding += 1  # as `EventLoops.take` counts it: released when it is over
         self._dispatched.append(rt)
         attempt = dataclasses.replace(sent, payload=prepared.task.payload)
-        self._outbox.append(functools.partial(self._hand_over_ahead, rt, attempt, prepared.upstream, now))
+        self._outbox.append(functools.partial(self._hand_over_ahead, rt, attempt, prepared.upstream, follows, now))
         return True
 
-    def _hand_over_ahead(self: Supervisor, rt: Attempt, attempt: Task, upstream: dict[str, Any], now: float) -> None:
-        """Send an attempt ahead (after the commit that recorded its process)."""
+    def _hand_over_ahead(
+        self: Supervisor, rt: Attempt, attempt: Task, upstream: dict[str, Any], follows: Attempt | None, now: float
+    ) -> None:
+        """Send an attempt ahead (after the commit that recorded its process), to follow `follows`."""
         process = rt.process
         try:
             rt.token = process.assign(
@@ -154,6 +164,7 @@ class SendsAhead:
                 process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
                 limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
                 cancel_grace=self.settings.cancel_grace, prefetched=True, prefetching=True,
+                after=follows.token if follows is not None else None,
             )
         except Exception as exc:
             # Its process is gone, or goes on with what it runs: either way this one never ran.
@@ -166,11 +177,14 @@ class SendsAhead:
     def _withdraw_ahead(self: Supervisor, rt: Attempt) -> None:
         """Its dispatch was rolled back: it was never sent, and its lane forgets it."""
         self.ahead.pop(rt.task.id, None)
-        lane = self.lanes.get(id(rt.process))
+        if rt.process.holds_many:
+            rt.process.holding -= 1
+        lane = rt.lane
         if lane is not None:
             lane.withdraw(rt)
             if not lane.ahead and lane.head is not None:
-                del self.lanes[id(rt.process)]
+                lane.head.lane = None
+                self.lanes.pop(id(lane), None)
 
     # --- what their processes say ---------------------------------------------------------------
 
@@ -182,9 +196,8 @@ class SendsAhead:
             if rt.ran:
                 del self.ahead[rt.task.id]
                 self.running[rt.task.id] = rt
-                lane = self.lanes.get(id(rt.process))
-                if lane is not None:
-                    lane.started(rt)
+                if rt.lane is not None:
+                    rt.lane.started(rt)
                 self._starts.append(rt)
             elif rt.phase is Phase.EXITED:
                 del self.ahead[rt.task.id]

@@ -195,6 +195,7 @@ class ExecutorProcess:
         cancel_grace: float = 5.0,
         prefetched: bool = False,
         prefetching: bool = False,
+        after: str | None = None,
     ) -> str:
         """Send the process its next attempt; the attempt's token. OSError if it has died or was
         given its last one.
@@ -204,6 +205,7 @@ class ExecutorProcess:
         `cancel_grace`: how long an event-loop process lets a cancelled attempt end by itself.
         `prefetched`: sent ahead, behind the current attempt, which stays current until the process
         says it has started this one (`begin_ahead`). `prefetching`: its queue sends tasks ahead.
+        `after`: in a process that holds several, the attempt this one follows.
         """
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
@@ -212,7 +214,9 @@ class ExecutorProcess:
         attempt_process = process if process is not None else self.next_attempt_process()
         self.attempts += 1
         token = self.token_of(task.id, self.attempts)
-        if prefetched:
+        if prefetched and self.holds_many:
+            pass  # no attempt of it is "current": every message names its own
+        elif prefetched:
             self.ahead[token] = Ahead(task.id, self.attempts, log_path, last, attempt_process)
             self.sent_ahead = True
         else:
@@ -223,7 +227,7 @@ class ExecutorProcess:
         self.status.max_message = channel.frame_limit(limits.result_bytes)
         message = assignment.Assignment(
             task, executor_ref, dict(upstream), str(log_path), token, last, limits, cancel_grace,
-            prefetched=prefetched, prefetching=prefetching,
+            prefetched=prefetched, prefetching=prefetching, after=after,
         )
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         try:
