@@ -755,12 +755,7 @@ class Supervisor(SendsAhead):
         """Send a started attempt to its process (after the commit that recorded it)."""
         child = rt.process
         try:
-            rt.token = child.assign(
-                attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
-                process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
-                limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
-                cancel_grace=self.settings.cancel_grace, prefetching=attempt.queue in self.prefetching,
-            )
+            rt.token = self._assign(child, attempt, upstream, last=last, prefetching=attempt.queue in self.prefetching)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             rt.log.warning("executor_lost", pid=child.pid, error=error)
@@ -776,6 +771,17 @@ class Supervisor(SendsAhead):
         rt.handed_over(now)
         rt.log.info(
             "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
+        )
+
+    def _assign(
+        self, process: executor_processes.ExecutorProcess, attempt: Task, upstream: dict[str, Any], **options: Any
+    ) -> str:
+        """Send `attempt` to `process`, recorded as the one that runs it; its token."""
+        return process.assign(
+            attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id),
+            process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
+            limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
+            cancel_grace=self.settings.cancel_grace, **options,
         )
 
     def _flush_outbox(self) -> None:
@@ -900,13 +906,13 @@ class Supervisor(SendsAhead):
     def _record(self, rt: Attempt) -> None:
         """Record an ended attempt's outcome (SPEC §6), as of when it ended."""
         assert rt.ended_at is not None
-        if not rt.start_recorded:  # sent ahead: it may never have started
-            if not rt.ran:
-                self._record_unstarted(rt)
-                return
+        if not rt.start_recorded and rt.ran:  # sent ahead, started while the database could not be written
             self._record_starts(rt.ended_at)
         try:
             with db.savepoint(self.conn):  # its statements are undone together if one fails
+                if not rt.start_recorded:  # sent ahead, and never started
+                    self._record_unstarted(rt)
+                    return
                 self._write_mirrors(rt.ended_at, only=rt)
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
                 self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)

@@ -12,6 +12,8 @@ import collections
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests.prefetch_executors import tally
@@ -22,6 +24,13 @@ EXECUTORS = {"TALLY": "tests.prefetch_executors:Tally", "ATALLY": "tests.prefetc
 def prefetching(daemons: Callable[..., Daemon], *, workers: int, prefetch: int, name: str = "d") -> Daemon:
     return daemons(name, executors=EXECUTORS, max_workers=workers, tasks_per_process=50, warm_spare=False,
                    extra_toml=f"[queues.default]\nprefetch = {prefetch}\n")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def rows(d: Daemon, ids: list[str]) -> list[dict[str, Any]]:
@@ -35,11 +44,11 @@ def test_tasks_sent_ahead_run_each_once_in_the_process_they_were_sent_to(daemons
     rest = [d.submit("TALLY", payload={"tally": str(ledger)}) for _ in range(7)]
     pid = d.wait_task(first, "running")["executor_pid"]
     # While the first one runs, three wait behind it, claimed, sent to its process (recorded).
-    behind = wait_for(lambda: [t for t in rows(d, rest) if t["status"] == "claimed"] if sum(
-        t["status"] == "claimed" for t in rows(d, rest)) == 3 else None)
+    behind = wait_for(lambda: len(claimed := [t for t in rows(d, rest) if t["status"] == "claimed"]) == 3 and claimed)
     assert all(t["executor_pid"] == pid and t["started_at"] is None for t in behind)
     assert [t["status"] for t in rows(d, rest)].count("pending") == 4
-    assert tally(ledger) == [(first, pid)]
+    # `running` is recorded before the task is sent: its line is written a moment later.
+    assert wait_for(lambda: tally(ledger)) == [(first, pid)]
     go.touch()
     for task_id in [first, *rest]:
         assert d.wait_task(task_id, "completed", "failed")["status"] == "completed", d.task(task_id)
@@ -78,7 +87,9 @@ def test_after_kill9_the_tasks_sent_ahead_are_interrupted_and_none_runs_twice(da
     pid = d.wait_task(first, "running")["executor_pid"]
     wait_for(lambda: [t["status"] for t in rows(d, rest)] == ["claimed", "claimed", "pending"])
     assert [t["executor_pid"] for t in rows(d, rest[:2])] == [pid, pid]
+    wait_for(lambda: tally(ledger))  # the first has begun
     d.kill9()
+    wait_for(lambda: gone(pid))  # the executor ends with its daemon (SPEC §13)
     go.touch()  # were anything of the old session still there, it could now run on
     d.start()
     after = rows(d, [first, *rest])
@@ -104,7 +115,8 @@ def test_an_event_loop_queue_sends_tasks_ahead_and_runs_each_once(daemons: Any, 
     wait_for(lambda: [t["status"] for t in rows(d, rest)].count("claimed") == 4)
     claimed = [t for t in rows(d, rest) if t["status"] == "claimed"]
     assert all(t["executor_pid"] == pid for t in claimed)
-    assert sorted(task_id for task_id, _ in tally(ledger)) == sorted(busy)
+    # `running` is recorded before a task is sent: its line is written a moment later.
+    assert sorted(task_id for task_id, _ in wait_for(lambda: len(tally(ledger)) >= 2 and tally(ledger))) == sorted(busy)
     for gate in gates:
         gate.touch()
     for task_id in [*busy, *rest]:

@@ -19,7 +19,8 @@ from daemon.engine.attempt import Phase
 from daemon.errors import NotPausable
 from daemon.models import TaskStatus
 from daemon.store import restarts, tasks
-from tests.test_supervisor_stepped import Stepped
+from daemon.submission import parse_spec
+from tests.test_supervisor_stepped import Stepped, fail_once
 
 
 def prefetching(tmp_path: Path, *, workers: int = 2, prefetch: int = 2, **options: Any) -> Stepped:
@@ -312,3 +313,43 @@ def test_an_event_loop_process_that_dies_puts_back_what_it_never_started(stepped
     # b and c never started: back to pending, then claimed again (into a new process).
     assert [s.task(t).retry_count for t in (b, c)] == [0, 0]
     assert s.task(b).status is TaskStatus.RUNNING and s.task(b).executor_pid != loop.pid
+
+
+def test_a_run_cancel_cancels_a_task_sent_ahead_at_once_and_revokes_it(stepped: Callable[..., Stepped]) -> None:
+    s = stepped(workers=1, prefetch=1)
+    a = s.submit("ECHO")
+    submitted = s.sup.submit([parse_spec({"type": "ECHO"})])
+    b, run = submitted.tasks[0].id, submitted.run_id
+    s.at(0.0)
+    fake = s.process(a)
+    assert s.task(b).status is TaskStatus.CLAIMED
+    report = s.request(1.0, lambda: s.sup.cancel(run))
+    assert report.cancelled == (b,) and s.task(b).status is TaskStatus.CANCELLED
+    assert fake.told("revoke") == [("revoke", token(s, b))]
+    fake.send({"type": "revoked", "attempt": token(s, b)})
+    s.at(2.0)
+    assert s.task(b).status is TaskStatus.CANCELLED and not s.sup.ahead
+    fake.result({})
+    s.at(3.0)
+    assert s.task(a).status is TaskStatus.COMPLETED and list(s.sup.idle) == [fake]
+
+
+def test_a_start_read_while_the_database_cannot_be_written_is_recorded_once_it_can(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped(workers=1, prefetch=1)
+    a, b = s.submit("ECHO"), s.submit("ECHO")
+    s.at(0.0)
+    fake = s.process(a)
+    fail_once(monkeypatch, "start")
+    fake.result({"a": 1})
+    fake.send({"type": "started", "attempt": token(s, b)})
+    s.at(1.0)
+    assert s.sup.fault is not None
+    assert statuses(s, [a, b]) == ["running", "claimed"]  # nothing of that tick was written
+    s.at(s.sup.fault.retry_at)
+    assert s.sup.fault is None
+    assert statuses(s, [a, b]) == ["completed", "running"] and s.task(b).started_at == 1.0
+    fake.result({"b": 2})
+    s.at(s.now + 1)
+    assert s.task(b).status is TaskStatus.COMPLETED and s.task(b).result == {"b": 2}

@@ -28,7 +28,6 @@ from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
 from daemon.models import Task
 from daemon.store import db, tasks
-from executors import assignment
 
 if TYPE_CHECKING:
     from daemon.queues import QueueConfig
@@ -159,13 +158,8 @@ class SendsAhead:
         """Send an attempt ahead (after the commit that recorded its process), to follow `follows`."""
         process = rt.process
         try:
-            rt.token = process.assign(
-                attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=False,
-                process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
-                limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
-                cancel_grace=self.settings.cancel_grace, prefetched=True, prefetching=True,
-                after=follows.token if follows is not None else None,
-            )
+            rt.token = self._assign(process, attempt, upstream, last=False, prefetched=True, prefetching=True,
+                                    after=follows.token if follows is not None else None)
         except Exception as exc:
             # Its process is gone, or goes on with what it runs: either way this one never ran.
             error = f"{type(exc).__name__}: {exc}"
@@ -241,31 +235,23 @@ class SendsAhead:
 
     def _record_unstarted(self: Supervisor, rt: Attempt) -> None:
         """An attempt sent ahead is over without having run: its task, still `claimed`, is
-        cancelled, handed to the worker that freed, or put back to pending, as its revoke said."""
+        cancelled, handed to the worker that freed, or put back to pending, as its revoke said.
+        In `_record`'s savepoint, which deals with what fails."""
         assert rt.ended_at is not None
         now, task, reason = rt.ended_at, rt.task, rt.revoke_reason
-        try:
-            with db.savepoint(self.conn):
-                if reason == "cancelled":
-                    pass  # its run's cancel wrote it
-                elif reason == "cancel":
-                    tasks.cancel(self.conn, task.id, now=now, known=task)
-                    self._outbox.append(functools.partial(self._count_finished, models.TaskStatus.CANCELLED.value))
-                    rt.log.info("task_cancelled", by="user", sent_ahead=True)
-                elif reason == "handoff" and self._hands_over(task.queue):
-                    rt.log.info("task_handed_over", from_pid=task.executor_pid)
-                    self._dispatch_claimed(task, now)
-                else:
-                    tasks.requeue(self.conn, task.id, now=now, known=task)
-                    rt.log.info("task_put_back", reason=reason or "its executor process ended before starting it",
-                                pid=task.executor_pid, error=rt.send_error)
-        except InvalidTransition:
-            rt.log.exception("outcome_not_recorded", retried=False)
-        except Exception as exc:
-            if faults.classify(exc) is not None:
-                raise
-            rt.log.exception("outcome_not_recorded", retried=True)
-            self.unrecorded.append(rt)
+        if reason == "cancelled":
+            return  # its run's cancel wrote it
+        if reason == "cancel":
+            tasks.cancel(self.conn, task.id, now=now, known=task)
+            self._outbox.append(functools.partial(self._count_finished, models.TaskStatus.CANCELLED.value))
+            rt.log.info("task_cancelled", by="user", sent_ahead=True)
+        elif reason == "handoff" and self._hands_over(task.queue):
+            rt.log.info("task_handed_over", from_pid=task.executor_pid)
+            self._dispatch_claimed(task, now)
+        else:
+            tasks.requeue(self.conn, task.id, now=now, known=task)
+            rt.log.info("task_put_back", reason=reason or "its executor process ended before starting it",
+                        pid=task.executor_pid, error=rt.send_error)
 
     def _hands_over(self: Supervisor, queue: str) -> bool:
         """Whether a task taken back for a worker of `queue` that freed goes there now: the queue

@@ -247,7 +247,17 @@ class ExecutorProcess:
     def _send(self, data: bytes) -> None:
         """Write one assignment: its process reads it before anything else (OSError if it stalls)."""
         assert self.assignments is not None
+        if self._outgoing:  # one sent ahead and taken back is still being written: it goes first
+            self._finish_outgoing(SEND_STALL)
         pipes.send_within(self.assignments.fileno(), data, SEND_STALL)
+
+    def _finish_outgoing(self, stall: float) -> None:
+        """Write what `_queue` left unwritten, waiting for the process to read it (OSError if it
+        reads none of it for `stall` seconds)."""
+        while self._outgoing and self.assignments is not None:
+            self.send_more()
+            if self._outgoing and not pipes.ready([], stall, writable=[self.assignments.fileno()]):
+                raise OSError(f"the executor process read none of its task for {stall:g} s")
 
     def _queue(self, data: bytes) -> None:
         """Write one assignment as far as the pipe takes it now; the rest follows (`send_more`)."""
