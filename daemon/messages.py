@@ -48,6 +48,11 @@ def apply(at: Attempt, message: dict[str, Any], now: float) -> None:
             at.log.info("task_resumed", by="executor")
         elif kind == "log":
             at.log.log(log_level(message.get("level")), "executor_log", message=str(message.get("message")))
+        elif kind == "started":  # sent ahead (prefetch): the supervisor records it `running`
+            if not at.started(now):
+                at.log.warning("executor_start_ignored", phase=at.phase.value)
+        elif kind == "revoked":  # sent ahead, and taken back before it started
+            at.was_revoked(now)
         elif kind == "result":
             at.report(ExecuteResult(
                 result=message.get("result"), error=message.get("error"), error_type=message.get("error_type")

@@ -156,10 +156,12 @@ class Reads:
         busy, paused = self._busy_by_queue(), self._paused_queues()
         conn = self._reader()
         waiting, held = queue_store.waiting(conn), queue_store.held(conn)
+        configs = self.settings.all_queues
         # Held tasks show as held, as in `ls` (SPEC §14): not among the waiting.
         return [
             {"name": name, "workers": size, "busy": busy.get(name, 0),
-             "waiting": waiting.get(name, 0) - held.get(name, 0), "held": held.get(name, 0), "paused": name in paused}
+             "waiting": waiting.get(name, 0) - held.get(name, 0), "held": held.get(name, 0), "paused": name in paused,
+             "prefetch": configs[name].prefetch if name in configs else 0}
             for name, size in workers.items()
         ]
 

@@ -2,8 +2,8 @@
 
 `[queues.NAME]` with `workers = N` and `types = [...]`; the queue `default` takes every type no
 other queue names and has `[daemon] max_workers` workers. `[queues.default]` may be given, but
-takes no keys today: its size is `[daemon] max_workers` (one place to say it), and its types are
-whatever the others leave.
+takes only the event-loop keys and `prefetch`: its size is `[daemon] max_workers` (one place to
+say it), and its types are whatever the others leave.
 
 The configured values are frozen here (`QueueConfig`); what the daemon changes while it runs
 (`fredica queue workers`, `fredica queue pause`) lives in `Queues`, owned by the supervisor's
@@ -25,8 +25,11 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_WORKERS = 100_000
 SYNC_WORKERS = 1024
 MAX_PROCESSES = 64
-QUEUE_KEYS = {"workers", "types", "processes", "loop_block_limit"}
-DEFAULT_KEYS = {"processes", "loop_block_limit"}  # `[queues.default]`: its size is [daemon] max_workers
+# Tasks each worker may hold claimed behind the one it runs: a few are enough for the next to start
+# without a round trip; more only keep tasks from workers that free first.
+MAX_PREFETCH = 64
+QUEUE_KEYS = {"workers", "types", "processes", "loop_block_limit", "prefetch"}
+DEFAULT_KEYS = {"processes", "loop_block_limit", "prefetch"}  # `[queues.default]`: its size is [daemon] max_workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,7 @@ class QueueConfig:
     types: tuple[str, ...] = ()
     processes: int = 1  # event-loop executor processes sharing its workers
     loop_block_limit: float = 10.0  # seconds an event-loop process's loop may be blocked
+    prefetch: int = 0  # claimed tasks each worker holds, sent ahead, behind the one it runs
 
 
 def check_name(name: Any) -> str:
@@ -77,12 +81,13 @@ def parse(data: Any) -> dict[str, QueueConfig]:
         if unknown:
             raise QueueError(f"{where} unknown key(s) {', '.join(repr(k) for k in unknown)}")
         processes, block_limit = _event_loop_options(where, body)
+        prefetch = _prefetch(where, body)
         if name == DEFAULT:
             if "workers" in body:
                 raise QueueError(f"{where} takes no workers: set [daemon] max_workers")
             if "types" in body:
                 raise QueueError(f"{where} takes no types: it runs every type no other queue names")
-            found[name] = QueueConfig(name, 0, (), processes, block_limit)  # sized by `with_default`
+            found[name] = QueueConfig(name, 0, (), processes, block_limit, prefetch)  # sized by `with_default`
             continue
         if "workers" not in body:
             raise QueueError(f"{where} needs workers = N")
@@ -94,7 +99,7 @@ def parse(data: Any) -> dict[str, QueueConfig]:
             if task_type in owner:
                 raise QueueError(f"task type {task_type} is routed to two queues: {owner[task_type]} and {name}")
             owner[task_type] = name
-        found[name] = QueueConfig(name, workers, tuple(types), processes, block_limit)
+        found[name] = QueueConfig(name, workers, tuple(types), processes, block_limit, prefetch)
     return found
 
 
@@ -106,6 +111,13 @@ def _event_loop_options(where: str, body: Mapping[str, Any]) -> tuple[int, float
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0.1 <= limit <= 3600:
         raise QueueError(f"{where} loop_block_limit must be a number of seconds from 0.1 to 3600, not {limit!r}")
     return processes, float(limit)
+
+
+def _prefetch(where: str, body: Mapping[str, Any]) -> int:
+    prefetch = body.get("prefetch", 0)
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= MAX_PREFETCH:
+        raise QueueError(f"{where} prefetch must be an integer from 0 to {MAX_PREFETCH}, not {prefetch!r}")
+    return prefetch
 
 
 def with_default(queues: Mapping[str, QueueConfig], max_workers: int) -> dict[str, QueueConfig]:

@@ -7,7 +7,9 @@ Rules, in order, before the daemon answers any request or claims anything:
    unrelated process never matches) and end them with their whole process tree: a leftover
    executor must not keep writing outputs the new session will produce again.
 3. `running` → failed (INTERRUPTED): whether it finished its side effects is unknown, so it is
-   not silently re-run. `claimed` → pending: it never started, so it simply runs again.
+   not silently re-run. `claimed` → pending: it never started, so it simply runs again; unless
+   it has a recorded executor process: then it was sent ahead (a queue's prefetch, SPEC §15) to
+   a process that may have started it, and it is failed (INTERRUPTED) as a running one is.
 4. One restart-log row per task of the snapshot under a new session id. A row of an earlier
    session stays awaiting review until a user acts on it, unless this session logs its task again
    (it is then `superseded`). Pending tasks are not logged: a restart does not touch them, so

@@ -239,8 +239,13 @@ def queue_table(queues: Sequence[Mapping[str, Any]]) -> list[str]:
          str(q.get("held", 0)), "paused" if q.get("paused") else "-"]
         for q in queues
     ]
-    return table(["QUEUE", "WORKERS", "BUSY", "WAITING", "HELD", "PAUSED"], rows,
-                 right=("WORKERS", "BUSY", "WAITING", "HELD"))
+    headers, right = ["QUEUE", "WORKERS", "BUSY", "WAITING", "HELD", "PAUSED"], ("WORKERS", "BUSY", "WAITING", "HELD")
+    if any(q.get("prefetch") for q in queues):  # only then: most configs send nothing ahead
+        for row, q in zip(rows, queues):
+            row.insert(2, str(q.get("prefetch", 0)))
+        headers.insert(2, "PREFETCH")
+        right += ("PREFETCH",)
+    return table(headers, rows, right=right)
 
 
 def type_table(types: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -27,7 +27,8 @@ import structlog
 
 from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, queues, templates
 from daemon.engine import cleaning, event_loops, executor_processes
-from daemon.engine.attempt import Attempt, Phase
+from daemon.engine.attempt import AHEAD, Attempt, Phase
+from daemon.engine.sending_ahead import SendsAhead
 from daemon.config import Settings
 from daemon.errors import InvalidTransition
 from daemon.handoff import LoopHandoff
@@ -78,7 +79,7 @@ class LoopIO(Protocol):
     def flush(self) -> None: ...
 
 
-class Supervisor:
+class Supervisor(SendsAhead):
     """Owns the database connection and the executor subprocesses of one daemon."""
 
     def __init__(
@@ -103,6 +104,7 @@ class Supervisor:
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = executor_processes.make_context(settings.start_method, preload=executor_modules)
         self.running: dict[str, Attempt] = {}
+        self._init_sending_ahead(settings.all_queues)  # attempts sent ahead (a queue's prefetch)
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",
             settle_timeout=settings.cancel_grace, slots=self.queues.total_workers,
@@ -284,7 +286,8 @@ class Supervisor:
         try:
             while self.exit_status == 0:
                 timeout = self.tick()
-                if self._shutdown_deadline is not None and not self.running and not self._record_at_exit():
+                if (self._shutdown_deadline is not None and not self.running and not self.ahead
+                        and not self._record_at_exit()):
                     break
                 self._wait(timeout)
         finally:
@@ -351,7 +354,7 @@ class Supervisor:
             if io_due is not None:
                 timeout = min(timeout, io_due)
         unsent: list[int] = []
-        for process in {id(rt.process): rt.process for rt in self.running.values()}.values():
+        for process in {id(rt.process): rt.process for rt in self._attempts()}.values():
             handles += process.fds()
             fd = process.unsent()
             if fd is not None:
@@ -382,6 +385,7 @@ class Supervisor:
             return self._tick_without_writes(self.clock() if now is None else now)
         answers: list[handoff.Answer] = []
         self._finished, self._dispatched, self._stops = [], [], []
+        self._starts_recorded = []
         queues_before = self.queues.state()  # requests may change them: undone with the tick
         if self.conn.in_transaction:  # a ROLLBACK that failed: never build on a dead transaction
             with contextlib.suppress(sqlite3.Error):
@@ -435,6 +439,8 @@ class Supervisor:
             for rt in list(self.running.values()):
                 if rt.paused_since is not None and rt.paused_by == "user":
                     self._request_stop(rt.task.id, "shutdown", now)
+            for rt in list(self.ahead.values()):  # sent ahead: none may start now
+                self._revoke(rt, "shutdown", now)
 
     # --- database faults (SPEC §13) -------------------------------------------------------------
 
@@ -442,15 +448,19 @@ class Supervisor:
         """The tick's transaction was rolled back: undo in memory what it assumed committed."""
         self._outbox = []  # hand-overs, hooks, counts and requests' commands: none happened
         for rt in reversed(self._dispatched):  # never given their task
+            if rt.phase is Phase.PREFETCHED:  # its process is its lane's, busy with another
+                self._withdraw_ahead(rt)
+                continue
             self.running.pop(rt.task.id, None)
             self._pool_of(rt.process).put_back(rt.process)
+        self._undo_starts()
         # Attempts that ended stay ended (their processes are released): only the records are
         # lost, and made again once the database takes writes.
         self.unrecorded += [rt for rt in self._finished if rt not in self.unrecorded]
         for rt in [*self.running.values(), *self.unrecorded]:
             rt.mirror_lost()
         for rt, phase, reason in reversed(self._stops):  # users' cancels, refused
-            rt.undo_stop(phase, reason)
+            rt.undo_revoke(phase, reason) if phase in AHEAD or not rt.ran else rt.undo_stop(phase, reason)
         self._finished, self._dispatched, self._stops = [], [], []
         # What the rolled-back reads let the loop conclude may be untrue: look again.
         self._delayed_possible = True
@@ -482,6 +492,7 @@ class Supervisor:
         self._note_shutdown(now)
         self._finished = []
         self._drain_all(now)
+        self._settle_ahead(now, self._conclude)
         for rt in list(self.running.values()):
             if rt.is_over():
                 self._guard(rt, self._conclude, rt, now)
@@ -501,7 +512,7 @@ class Supervisor:
     def _timeout_without_writes(self, now: float) -> float:
         assert self.fault is not None
         deadlines = [self.fault.retry_at, *self._loops_due]
-        for rt in self.running.values():
+        for rt in self._attempts():
             # Not progress: it is written only by a write that succeeds (the retry).
             rt_deadlines = rt.deadlines(now, self.settings.progress_interval, self.settings.cancel_grace)
             deadlines += rt_deadlines[1:] if rt.progress is not None else rt_deadlines
@@ -523,20 +534,26 @@ class Supervisor:
                     roots.append(found)
         # SIGTERM, then SIGKILL what is left half-way to the promised bound.
         processes.end_process_trees(roots, self.settings.cancel_grace / 2)
-        for rt in self.running.values():  # a launcher is no part of its attempt's tree
+        for rt in list(self._attempts()):  # a launcher is no part of its attempt's tree
             with contextlib.suppress(Exception):
                 rt.process.kill()
                 rt.process.reap(1.0)
                 rt.process.close()
         self.running.clear()
+        self.ahead.clear()  # recovery fails them INTERRUPTED: their process may have started them
 
     def _tick(self, now: float) -> float:
+        if self._starts:  # started while the database could not be written: recorded first
+            self._record_starts(now)
         if self.unrecorded:  # ended while the database could not be written
             ended, self.unrecorded = self.unrecorded, []
             self._finished += ended  # all of them back to `unrecorded` if this tick is rolled back
             for rt in ended:
                 self._record(rt)
         self._drain_all(now)
+        if self.ahead:
+            self._settle_ahead(now, self._finish)
+            self._record_starts(now)
         for rt in list(self.running.values()):
             if rt.is_over():
                 self._guard(rt, self._finish, rt, now)
@@ -616,11 +633,21 @@ class Supervisor:
         # every claim of every tick from the others (a full queue never holds another back).
         budget = dict.fromkeys(self.queues.claimable(), CLAIMS_PER_TICK)
         self._claims_left = False
+        if self.prefetching:
+            self._ahead_refused = set()
         again = True
         while again:
             again = False
             busy = self.busy_by_queue()  # a dispatch adds to its own queue only
             for queue in self.queues.claimable():
+                if queue in self.prefetching:
+                    claimed, more, asked = self._claim_prefetching(queue, busy, budget[queue], now, promote)
+                    budget[queue] -= claimed
+                    promote = promote and not asked
+                    again = again or more
+                    if budget[queue] <= 0:
+                        self._claims_left = True
+                    continue
                 free = min(self._free(queue, busy), budget.get(queue, 0))
                 if free <= 0:
                     continue
@@ -667,7 +694,7 @@ class Supervisor:
                 deadlines.append(ready_at)
             else:
                 self._delayed_possible = False
-        for rt in self.running.values():
+        for rt in self._attempts():
             deadlines += rt.deadlines(now, s.progress_interval, s.cancel_grace)
         deadlines += self._loops_due
         if self.keep_finished.next_at is not None and self._shutdown_deadline is None:
@@ -728,12 +755,7 @@ class Supervisor:
         """Send a started attempt to its process (after the commit that recorded it)."""
         child = rt.process
         try:
-            rt.token = child.assign(
-                attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id), last=last,
-                process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
-                limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
-                cancel_grace=self.settings.cancel_grace,
-            )
+            rt.token = self._assign(child, attempt, upstream, last=last, prefetching=attempt.queue in self.prefetching)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             rt.log.warning("executor_lost", pid=child.pid, error=error)
@@ -749,6 +771,17 @@ class Supervisor:
         rt.handed_over(now)
         rt.log.info(
             "task_started", pid=rt.task.executor_pid, attempt=attempt.retry_count + 1, process_attempt=child.attempts
+        )
+
+    def _assign(
+        self, process: executor_processes.ExecutorProcess, attempt: Task, upstream: dict[str, Any], **options: Any
+    ) -> str:
+        """Send `attempt` to `process`, recorded as the one that runs it; its token."""
+        return process.assign(
+            attempt, self.registry.ref(attempt.type), upstream, self.settings.task_log(attempt.id),
+            process=(attempt.executor_pid, attempt.executor_started_at),  # as recorded
+            limits=assignment.Limits(self.settings.max_result_bytes, self.settings.max_task_log_bytes),
+            cancel_grace=self.settings.cancel_grace, **options,
         )
 
     def _flush_outbox(self) -> None:
@@ -772,7 +805,7 @@ class Supervisor:
         """Read what every attempt's process said, each process once (one may hold several), and
         write more of what it was assigned if some is waiting."""
         held: dict[int, dict[str, Attempt]] = {}
-        for rt in self.running.values():
+        for rt in self._attempts():
             held.setdefault(id(rt.process), {})[rt.token] = rt
         for attempts in held.values():
             first = next(iter(attempts.values()))
@@ -847,8 +880,17 @@ class Supervisor:
         process = rt.process
         takes_another = process.takes_another(rt)
         rt.end(now)
-        del self.running[rt.task.id]
+        self.running.pop(rt.task.id, None)  # one sent ahead that never started was not there
         self._finished.append(rt)  # from here on, a rolled-back tick keeps it in `unrecorded`
+        lane = rt.lane
+        if lane is not None:  # a queue's prefetch: its worker may hold more of ours
+            done = lane.over(rt, takes_another)
+            if done:
+                self.lanes.pop(id(lane), None)
+            if not process.holds_many:
+                if not done:
+                    return  # its process runs the next of its lane, or still holds some sent ahead
+                takes_another = lane.reusable and process.is_alive() and not process.status.closed
         try:
             if takes_another or process.holds_many:
                 self._pool_of(process).put_back(process)
@@ -864,8 +906,13 @@ class Supervisor:
     def _record(self, rt: Attempt) -> None:
         """Record an ended attempt's outcome (SPEC §6), as of when it ended."""
         assert rt.ended_at is not None
+        if not rt.start_recorded and rt.ran:  # sent ahead, started while the database could not be written
+            self._record_starts(rt.ended_at)
         try:
             with db.savepoint(self.conn):  # its statements are undone together if one fails
+                if not rt.start_recorded:  # sent ahead, and never started
+                    self._record_unstarted(rt)
+                    return
                 self._write_mirrors(rt.ended_at, only=rt)
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
                 self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
@@ -902,6 +949,9 @@ class Supervisor:
         if named.kind == "run":
             run = runs.get(self.conn, target_id)
             outcome = tasks.cancel_waiting_in_run(self.conn, target_id, now=now)
+            for task_id in outcome.cancelled:  # those sent ahead are cancelled: their processes must know
+                if task_id in self.ahead:
+                    self._revoke(self.ahead[task_id], "cancelled", now, requested=True)
             stopping = [task_id for task_id in outcome.running
                         if self._request_stop(task_id, "cancel", now, requested=True)]
             if not outcome.cancelled and not stopping:
@@ -928,6 +978,10 @@ class Supervisor:
         """
         rt = self.running.get(task_id)
         if rt is None:
+            ahead = self.ahead.get(task_id) if self.ahead else None
+            if ahead is not None and reason != "timeout":
+                self._revoke(ahead, reason, now, requested=requested)
+                return True
             return False
         before = (rt.phase, rt.stop_reason)
         if not rt.request_stop(reason, now):

@@ -34,3 +34,13 @@ class Assignment:
     # Event-loop processes only: seconds from a cancel command to the CancelledError of an attempt
     # that has not ended by itself. The supervisor fills it from its `cancel_grace` setting.
     cancel_grace: float = 5.0
+    # Prefetch (SPEC §15), in a process that runs attempts one at a time. `prefetched`: sent ahead,
+    # while the one before it runs: the process starts it on its own, saying {"type": "started",
+    # "attempt"} before any executor code runs, unless a "revoke" command came first.
+    # `prefetching`: its queue sends tasks ahead, so the process reads its control pipe the whole
+    # time this attempt runs, to answer a revoke of the next one at once.
+    # `after` (event-loop processes): the attempt this one follows, sent ahead; it starts once
+    # that one is over (or at once if it is already).
+    prefetched: bool = False
+    prefetching: bool = False
+    after: str | None = None

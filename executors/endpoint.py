@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from daemon import models
 from executors import framing, registry
+from executors.ahead import AheadAttempts
 from executors.assignment import Assignment, Limits
 from executors._parent import (
     LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
@@ -71,12 +72,18 @@ def serve(
     status.on_broken = functools.partial(end_orphaned_attempt, state)
     watch_daemon(control.fileno(), state)
     steering = ControlReader(control.fileno())
+    ahead = AheadAttempts(status)
+    steering.on_revoke = ahead.revoke
     while True:
         try:
             assignment: Assignment = assignments.recv()
         except (EOFError, OSError):
             # Dismissed, or the supervisor is gone: there is nothing to run and nobody to tell.
             _shut_down(status, output, 0)
+        if assignment.prefetched and not ahead.start(assignment.attempt):
+            continue  # revoked while it waited: the supervisor has it back
+        if assignment.prefetching:
+            steering.start()  # the next one may be revoked while this one runs: read at once
         state.take()
         exit_code = _run_attempt(assignment, status, steering, output, state, end_leftovers_first=False)
         if assignment.last or exit_code:

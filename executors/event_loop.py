@@ -5,7 +5,10 @@ Wire contract with the supervisor (the pipes `daemon.engine.executor_processes.s
 
 - assignments (supervisor → process): pickled `executors.assignment.Assignment`s, each framed as
   `Connection.send_bytes` frames it (`daemon.pipes.send_within`). Send as many as the process
-  should hold: each is started at once, as an asyncio task. `assignment.last` is ignored;
+  should hold: each is started at once, as an asyncio task, unless it is `prefetched` (sent ahead,
+  SPEC §15): that one waits behind the attempt its `after` names, and starts when that one is over
+  (at once if it is already), saying {"type": "started", "attempt"} first; a "revoke" command
+  takes it back before that ({"type": "revoked", "attempt"}; `executors.ahead`). `assignment.last` is ignored;
   `assignment.cancel_grace` is used (below). Closing this pipe dismisses the process: it takes no
   more, and exits (code 0) once every attempt it holds has sent its result.
 - control (supervisor → process): the commands of `executors.steering.command`, `{"type": cancel |
@@ -53,6 +56,7 @@ from typing import Any, Mapping, NoReturn
 
 from daemon import models
 from executors import framing, registry
+from executors.ahead import WaitingBehind
 from executors._parent import ORPHANED, adopt_orphans, daemon_gone, end_leftovers
 from executors._process import cancelled_result
 from executors.assignment import Assignment
@@ -100,6 +104,8 @@ class EventLoopProcess:
         self._control_fd = control_fd
         self._heartbeat_interval = heartbeat_interval
         self.commands = Commands(PENDING_ATTEMPTS)
+        self.commands.on_revoke = self._revoke
+        self.behind = WaitingBehind()  # attempts sent ahead, not started
         # As `Connection.send_bytes` frames them (`daemon.pipes.send_within`): `executors.framing`.
         self._frames = framing.Frames(framing.UNBOUNDED, long_sizes=True)
         self.attempts: dict[str, Attempt] = {}
@@ -152,6 +158,13 @@ class EventLoopProcess:
             self._start(assignment)
 
     def _start(self, assignment: Assignment) -> None:
+        if assignment.prefetched and not self.behind.arrive(assignment, self.attempts.__contains__):
+            return  # it waits behind another, or was revoked already
+        self._begin(assignment)
+
+    def _begin(self, assignment: Assignment) -> None:
+        if assignment.prefetched:  # said before any of its executor's code runs
+            self.status.put({"type": "started", "attempt": assignment.attempt})
         attempt = Attempt(assignment, self)
         self.attempts[assignment.attempt] = attempt
         attempt.task = asyncio.get_running_loop().create_task(attempt.run(), name=assignment.attempt)
@@ -166,10 +179,18 @@ class EventLoopProcess:
         else:
             self._orphan()
 
+    def _revoke(self, token: str) -> None:
+        answer, start = self.behind.revoke(token, self.attempts.__contains__)
+        if answer:
+            self.status.put({"type": "revoked", "attempt": token})
+        for assignment in start:
+            self._begin(assignment)
+
     def _orphan(self) -> None:
         """The daemon is gone: cancel every attempt, give them ORPHAN_GRACE to unwind, exit."""
         loop = asyncio.get_running_loop()
         self.orphaned = True
+        self.behind.clear()
         for fd in (self._assignments_fd, self._control_fd):
             loop.remove_reader(fd)
         for attempt in self.attempts.values():
@@ -181,6 +202,9 @@ class EventLoopProcess:
         """`attempt` has reported (or, orphaned, ended): the process may be done."""
         self.attempts.pop(attempt.token, None)
         self.commands.detach(attempt.token)
+        if not self.orphaned:
+            for follower in self.behind.ended(attempt.token):
+                self._begin(follower)
         self._finish_if_idle()
 
     def _finish_if_idle(self) -> None:

@@ -12,7 +12,11 @@ An event-loop process (`executors.event_loop`) reads the pipe with its loop inst
 the bytes to a `Commands`, as `ControlReader` does: one parser and one routing of commands for
 both, to the many attempts the loop holds (each a `Steered`, with asyncio Events).
 
-The thread starts the first time an attempt uses one of its Events, after applying every command
+A "revoke" names an attempt sent ahead (prefetch, SPEC §15) that has not started: it goes to the
+process's own record of those (`executors.ahead`), which decides it against the attempt's start.
+
+The thread starts the first time an attempt uses one of its Events (or at once, for an attempt of
+a queue that sends tasks ahead: a revoke must be answered while it runs), after applying every command
 already in the pipe, so that use sees them all. An attempt that never looks at its Events (most
 short tasks) never pays for a thread; in a fresh fork per attempt that is a fifth of its cost.
 
@@ -29,12 +33,14 @@ import collections
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from executors import framing
 from executors.channel import MAX_MESSAGE, READ_CHUNK, encode, poll_now
 
-COMMANDS = ("cancel", "pause", "resume")
+# "revoke": for an attempt sent ahead (prefetch, SPEC §15) that the process has not started: it
+# answers {"type": "revoked", "attempt"} and never starts it, or nothing if it already has.
+COMMANDS = ("cancel", "pause", "resume", "revoke")
 # Commands for attempts this process has not started yet (the supervisor may pause a task the
 # moment it has sent it): kept for this many attempts, so stale ones cannot pile up.
 PENDING_ATTEMPTS = 8
@@ -149,6 +155,8 @@ class Commands:
         self._attempts: dict[str, Steered] = {}
         self._pending: collections.OrderedDict[str, list[tuple[str, str | None]]] = collections.OrderedDict()
         self._pending_attempts = pending_attempts
+        # Where a "revoke" goes (it is for no attempt under way): the process's `AheadAttempts`.
+        self.on_revoke: Callable[[str], None] | None = None
 
     def attach(self, steered: Steered, *, only: bool = False) -> None:
         """Steer `steered` from now on, after the commands already sent for it. `only`: it is
@@ -188,6 +196,10 @@ class Commands:
         if not isinstance(message, dict) or message.get("type") not in COMMANDS:
             return
         kind, attempt = message["type"], str(message.get("attempt"))
+        if kind == "revoke":
+            if self.on_revoke is not None:
+                self.on_revoke(attempt)
+            return
         reason = message.get("reason")
         reason = reason if isinstance(reason, str) else None
         with self._lock:
@@ -254,3 +266,4 @@ class ControlReader(Commands):
 
     def _feed(self, chunk: bytes) -> None:
         self.feed(chunk)
+

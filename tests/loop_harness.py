@@ -38,13 +38,15 @@ class LoopProcess:
 
     def assign(self, task_type: str, payload: dict[str, Any] | None = None, *, task_id: str | None = None,
                limits: assignment.Limits = assignment.Limits(), cancel_grace: float = 5.0,
-               ref: str | None = None) -> str:
-        """Send one attempt; its token (the task id, "#1")."""
+               ref: str | None = None, after: str | None = None) -> str:
+        """Send one attempt; its token (the task id, "#1"). `after`: sent ahead (prefetch), to
+        follow the attempt with that token."""
         task = make_task(task_type, payload, id=task_id or f"task-{task_type.lower()}")
         token = f"{task.id}#1"
         message = assignment.Assignment(
             task, ref or f"tests.async_executors:{class_of(task_type)}", {"up-1": {"n": 1}},
             str(self.log_path(task.id)), token, False, limits, cancel_grace,
+            prefetched=after is not None, after=after,
         )
         pipes.send_within(self.assignments.fileno(), pickle.dumps(message, pickle.HIGHEST_PROTOCOL), 5.0)
         return token

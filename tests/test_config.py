@@ -86,7 +86,11 @@ def test_lookup_order(tmp_path: Path) -> None:
         ("[queues.media]\ntypes = ['A']\n", "[queues.media] needs workers = N"),
         ("[queues.media]\nworkers = 0\n", "[queues.media] workers must be between 1 and 100000, not 0"),
         ("[queues.media]\nworkers = true\n", "[queues.media] workers must be an integer, not True"),
-        ("[queues.media]\nworkers = 1\nprefetch = 2\n", "[queues.media] unknown key(s) 'prefetch'"),
+        ("[queues.media]\nworkers = 1\nprefetch = 65\n", "[queues.media] prefetch must be an integer from 0 to 64, not 65"),
+        ("[queues.media]\nworkers = 1\nprefetch = -1\n", "[queues.media] prefetch must be an integer from 0 to 64, not -1"),
+        ("[queues.media]\nworkers = 1\nprefetch = 1.5\n", "[queues.media] prefetch must be an integer from 0 to 64, not 1.5"),
+        ("[queues.default]\nprefetch = true\n", "[queues.default] prefetch must be an integer from 0 to 64, not True"),
+        ("[queues.media]\nworkers = 1\nprefetched = 2\n", "[queues.media] unknown key(s) 'prefetched'"),
         ("[queues.media]\nworkers = 1\ntypes = 'A'\n", "[queues.media] types must be a list of task types"),
         ("[queues.a]\nworkers = 1\ntypes = ['T']\n[queues.b]\nworkers = 1\ntypes = ['T']\n",
          "task type T is routed to two queues: a and b"),
@@ -136,15 +140,15 @@ def test_a_relative_path_needs_a_config_file_to_be_relative_to() -> None:
 def test_queues_are_parsed_with_default_first_and_sized_by_max_workers(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(
-        "[daemon]\nmax_workers = 3\n[queues.default]\n"
-        "[queues.media]\nworkers = 2\ntypes = ['TRANSCODE_MP4', 'DOWNLOAD']\n[queues.bulk]\nworkers = 5\n"
+        "[daemon]\nmax_workers = 3\n[queues.default]\nprefetch = 1\n"
+        "[queues.media]\nworkers = 2\ntypes = ['TRANSCODE_MP4', 'DOWNLOAD']\n[queues.bulk]\nworkers = 5\nprefetch = 4\n"
         "[templates.t.tasks.a]\ntype = 'ECHO'\nqueue = 'bulk'\n"
     )
     settings = config.load(path, env=ENV)
     assert settings.all_queues == {
-        "default": queues.QueueConfig("default", 3),
+        "default": queues.QueueConfig("default", 3, prefetch=1),
         "media": queues.QueueConfig("media", 2, ("TRANSCODE_MP4", "DOWNLOAD")),
-        "bulk": queues.QueueConfig("bulk", 5),
+        "bulk": queues.QueueConfig("bulk", 5, prefetch=4),
     }
     assert queues.routing(settings.all_queues) == {"TRANSCODE_MP4": "media", "DOWNLOAD": "media"}
     assert settings.templates["t"].tasks[0].spec.queue == "bulk"

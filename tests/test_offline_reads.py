@@ -86,7 +86,8 @@ def test_status_says_the_daemon_is_not_running(stopped) -> None:
     assert status["pid"] is None and status["uptime"] is None and status["busy_workers"] == 0
     assert status["counts"] == {"pending": 2, "claimed": 0, "running": 0, "completed": 1, "failed": 1, "cancelled": 0,
                                 "held": 0}
-    assert status["queues"] == {"default": {"workers": 2, "busy": 0, "waiting": 2, "held": 0, "paused": True}}
+    assert status["queues"] == {"default": {"workers": 2, "busy": 0, "waiting": 2, "held": 0, "paused": True,
+                                             "prefetch": 0}}
     text = fredica(d, "status").stdout.splitlines()
     assert text[:2] == ["daemon    not running", "workers   none running (2 configured)"]
     assert not any(line.startswith(("pid", "uptime")) for line in text)

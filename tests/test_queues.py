@@ -206,6 +206,18 @@ def test_queue_table_and_status_line() -> None:
     assert "queues   default 1/2 busy 12 waiting; media 1/1 busy 3 waiting 2 held paused" in render.status_lines(status)
 
 
+def test_the_queue_table_shows_prefetch_once_a_queue_has_one() -> None:
+    rows = [
+        {"name": "default", "workers": 2, "busy": 1, "waiting": 12, "held": 0, "paused": False, "prefetch": 0},
+        {"name": "bulk", "workers": 4, "busy": 4, "waiting": 30, "held": 0, "paused": False, "prefetch": 8},
+    ]
+    assert render.queue_table(rows) == [
+        "QUEUE    WORKERS  PREFETCH  BUSY  WAITING  HELD  PAUSED",
+        "default        2         0     1       12     0  -",
+        "bulk           4         8     4       30     0  -",
+    ]
+
+
 # --- the real daemon -----------------------------------------------------------------------------
 
 QUEUE_TOML = "[queues.slow]\nworkers = 1\ntypes = [\"GATED\"]\n"
@@ -244,8 +256,8 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
     for echo in echoes:
         d.wait_task(echo, "completed")
     assert d.task(second)["status"] == "pending" and d.task(second)["queue"] == "slow"
-    assert _queues(d) == {"default": {"workers": 2, "busy": 0, "waiting": 0, "held": 0, "paused": False},
-                          "slow": {"workers": 1, "busy": 1, "waiting": 1, "held": 0, "paused": False}}
+    assert _queues(d) == {"default": {"workers": 2, "busy": 0, "waiting": 0, "held": 0, "paused": False, "prefetch": 0},
+                          "slow": {"workers": 1, "busy": 1, "waiting": 1, "held": 0, "paused": False, "prefetch": 0}}
     status = d.data("status")
     assert (status["max_workers"], status["busy_workers"]) == (3, 1)
 
@@ -253,7 +265,7 @@ def test_a_queue_of_one_worker_runs_one_task_while_default_runs_the_rest(
     result = fredica(d, "queue", "workers", "slow", "2")
     assert result.exit_code == 0 and "the config sets it at the next start" in result.output
     wait_for(second_ready.exists)
-    assert _queues(d)["slow"] == {"workers": 2, "busy": 2, "waiting": 0, "held": 0, "paused": False}
+    assert _queues(d)["slow"] == {"workers": 2, "busy": 2, "waiting": 0, "held": 0, "paused": False, "prefetch": 0}
     # Back to one: nothing is stopped, but nothing more is claimed until one ends.
     assert fredica(d, "queue", "workers", "slow", "1").exit_code == 0
     third, third_ready, third_gate = _gated(d, tmp_path, "third")

@@ -11,6 +11,12 @@ ended twice) cannot be written down:
                         REPORTED ─► EXITED ─► ENDED
                             └──────────────────┘
 
+An attempt sent ahead (a queue's prefetch, SPEC §15) begins before that, its task still `claimed`:
+
+    PREFETCHED ─► REVOKING ─► EXITED (revoked, or its process died: it never ran)
+        │  └────────┴──────► RUNNING (its process said "started")
+        └──────────────────► EXITED
+
 STOPPING, TERMINATED and KILLED are the stop's escalation (a cancel, a timeout or the shutdown,
 then SIGTERM and SIGKILL of the attempt's process tree, each `cancel_grace` later). REPORTED: its
 result came. EXITED: its process (a launcher's fork) exited, so nothing more can come. ENDED: the
@@ -41,6 +47,8 @@ log = structlog.get_logger("fredica.supervisor")
 class Phase(enum.Enum):
     """Where an attempt is (see the module docstring)."""
 
+    PREFETCHED = "prefetched"  # `claimed`, sent ahead once its process was recorded: it starts it
+    REVOKING = "revoking"  # asked back (`Attempt.revoke_reason`): "revoked" or "started" answers
     ASSIGNED = "assigned"  # recorded `running`; sent to its process once that is committed
     RUNNING = "running"
     STOPPING = "stopping"  # asked to stop, for `Attempt.stop_reason`
@@ -52,9 +60,13 @@ class Phase(enum.Enum):
 
 
 STOPS = (Phase.STOPPING, Phase.TERMINATED, Phase.KILLED)
+AHEAD = (Phase.PREFETCHED, Phase.REVOKING)  # sent ahead, not started
 _GOING = (Phase.RUNNING, *STOPS)
 # Every move an attempt may make. A move not listed is a bug of ours: `_advance` refuses it.
 ADVANCES: dict[Phase, frozenset[Phase]] = {
+    # Its process says "started" or "revoked", or dies, or its assignment could not be sent.
+    Phase.PREFETCHED: frozenset({Phase.REVOKING, Phase.RUNNING, Phase.EXITED}),
+    Phase.REVOKING: frozenset({Phase.RUNNING, Phase.EXITED}),
     # A hand-over that fails ends the process: the attempt then exits without running.
     Phase.ASSIGNED: frozenset({Phase.RUNNING, Phase.STOPPING, Phase.EXITED}),
     Phase.RUNNING: frozenset({Phase.STOPPING, Phase.REPORTED, Phase.EXITED}),
@@ -67,6 +79,10 @@ ADVANCES: dict[Phase, frozenset[Phase]] = {
     Phase.ENDED: frozenset(),
 }
 STOP_REASONS = ("cancel", "timeout", "shutdown")
+# Why an attempt sent ahead is asked back: a worker of its queue freed first ("handoff": it goes
+# there), a user's cancel, the shutdown. A later reason outranks an earlier one of lower rank.
+# "cancelled": its run's cancel has cancelled its row already.
+REVOKE_REASONS = ("handoff", "shutdown", "cancel", "cancelled")
 
 
 class ImpossibleMove(AssertionError):
@@ -105,6 +121,10 @@ class Attempt:
     progress_written_at: float = 0.0
     ending_noted: bool = False  # the supervisor's line on how it ended is in the task's log
     send_error: str | None = None  # why its assignment never reached its process (`not_sent`)
+    revoke_reason: str | None = None  # one of REVOKE_REASONS once it was asked back
+    revoked: bool = False  # its process said it never started it and never will
+    start_recorded: bool = True  # `running` in the database (for one sent ahead: once started)
+    lane: Any = None  # its `daemon.engine.prefetch.Lane`, in a queue that sends tasks ahead
 
     def __post_init__(self) -> None:
         self.entered.setdefault(self.phase, self.started_at)
@@ -125,6 +145,59 @@ class Attempt:
         """Its process has the assignment."""
         if self.phase is Phase.ASSIGNED:
             self._advance(Phase.RUNNING, now)
+
+    @classmethod
+    def sent_ahead(cls, task: Task, process: ExecutorProcess, executor: TaskExecutor, now: float) -> Attempt:
+        """An attempt sent ahead to `process`, behind the one it runs (its task stays `claimed`)."""
+        return cls(task=task, process=process, executor=executor, started_at=now, phase=Phase.PREFETCHED,
+                   pausable=executor.pausable, start_recorded=False)
+
+    @property
+    def ahead(self) -> bool:
+        """Sent ahead and not started."""
+        return self.phase in AHEAD
+
+    @property
+    def ran(self) -> bool:
+        """It was given to its process to run, or started there: not one that never left the queue."""
+        return Phase.RUNNING in self.entered or Phase.ASSIGNED in self.entered
+
+    def started(self, now: float) -> bool:
+        """Its process said "started" (sent ahead): running from `now`; False if it is not one
+        waiting to start (a confused process)."""
+        if self.phase not in AHEAD:
+            return False
+        self.started_at = now  # its timeout runs from here
+        self._advance(Phase.RUNNING, now)
+        return True
+
+    def revoke(self, reason: str, now: float) -> bool:
+        """Ask for it back for `reason` (REVOKE_REASONS); False if no command need be sent: it is
+        asked back already, or over without having run (the reason is raised if it ranks higher,
+        for what its task becomes), or it has started."""
+        if reason not in REVOKE_REASONS:
+            raise ValueError(f"unknown revoke reason {reason!r}")
+        if self.phase is Phase.PREFETCHED:
+            self.revoke_reason = reason
+            self._advance(Phase.REVOKING, now)
+            return True
+        waiting = self.phase is Phase.REVOKING or (self.phase is Phase.EXITED and not self.ran)
+        if waiting and REVOKE_REASONS.index(reason) > REVOKE_REASONS.index(self.revoke_reason or "handoff"):
+            self.revoke_reason = reason
+        return False
+
+    def undo_revoke(self, phase: Phase, reason: str | None) -> None:
+        """A user's cancel of an attempt sent ahead, whose tick was rolled back (as `undo_stop`)."""
+        self.revoke_reason = reason
+        if self.phase is Phase.REVOKING and phase is Phase.PREFETCHED:
+            self.entered.pop(Phase.REVOKING, None)
+            self.phase = phase
+
+    def was_revoked(self, now: float) -> None:
+        """Its process said "revoked": it never started it, and never will."""
+        if self.phase in AHEAD:
+            self.revoked = True
+            self._advance(Phase.EXITED, now)
 
     def request_stop(self, reason: str, now: float) -> bool:
         """Begin stopping for `reason`; False (nothing changes) if a stop is under way or the
@@ -261,6 +334,8 @@ class Attempt:
         due = []
         if self.progress is not None:
             due.append(self.progress_written_at + progress_interval)
+        if self.phase is Phase.REVOKING:
+            due.append(self.entered[self.phase] + grace)
         if self.phase in (Phase.STOPPING, Phase.TERMINATED) or (
             self.phase is Phase.REPORTED and not self.process.takes_another(self)
         ):

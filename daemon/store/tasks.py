@@ -420,6 +420,23 @@ def start(
     )
 
 
+def record_sent_ahead(
+    conn: sqlite3.Connection, task: Task, *, executor_pid: int, executor_started_at: float | None
+) -> Task:
+    """Record the process a `claimed` task is sent ahead to (a queue's prefetch, SPEC §15), before
+    it is sent: not a status change (it stays `claimed` until that process starts it), but from
+    here on recovery must count it as one that may have run. InvalidTransition if not `claimed`."""
+    with write(conn):
+        changed = conn.execute(
+            f"UPDATE task SET executor_pid = ?, executor_started_at = ? WHERE seq = ? AND status = {statuses.CLAIMED}",
+            (executor_pid, executor_started_at, task.seq),
+        ).rowcount
+    if changed != 1:
+        raise InvalidTransition(task.id, task.status.value, TaskStatus.CLAIMED.value,
+                                f"task {task.id} is no longer claimed: it cannot be sent ahead")
+    return dataclasses.replace(task, executor_pid=executor_pid, executor_started_at=executor_started_at)
+
+
 def complete(conn: sqlite3.Connection, task_id: str, result: Any, *, now: float, known: Task | None = None) -> Task:
     """running (or claimed, when skipped) → completed with `result`."""
     return transition(
@@ -610,14 +627,24 @@ def _rows(conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()) -> l
 
 
 def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
-    """Every `running` task → failed (INTERRUPTED): its outcome is unknown after a crash."""
+    """Every `running` task → failed (INTERRUPTED): its outcome is unknown after a crash. So is
+    that of a `claimed` task with a recorded executor process: it was sent ahead (prefetch,
+    SPEC §15) to a process that may have started it."""
     with write(conn):
-        return _transition(
+        failed = _transition(
             conn,
             _rows(conn, f"status = {statuses.RUNNING}"),
             TaskStatus.FAILED,
             now=now,
             fields={"error": "interrupted: the supervisor stopped while the task ran", "error_type": models.INTERRUPTED},
+        )
+        return failed + _transition(
+            conn,
+            _rows(conn, f"status = {statuses.CLAIMED} AND executor_pid IS NOT NULL"),
+            TaskStatus.FAILED,
+            now=now,
+            fields={"error": "interrupted: the supervisor stopped while the task was sent ahead to its executor "
+                             "process, which may have started it", "error_type": models.INTERRUPTED},
         )
 
 

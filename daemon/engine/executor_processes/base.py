@@ -11,6 +11,7 @@ mistaken for an executor.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import multiprocessing
 import os
@@ -26,7 +27,7 @@ import psutil
 import structlog
 
 from daemon import paths, pipes, processes
-from executors import assignment, channel, steering
+from executors import assignment, channel, framing, steering
 
 if TYPE_CHECKING:
     from daemon.engine.attempt import Attempt
@@ -68,6 +69,17 @@ def make_context(start_method: str = "forkserver", preload: Sequence[str] = ()) 
     return context
 
 
+class Ahead(NamedTuple):
+    """An attempt sent ahead (prefetch, SPEC §15): what becomes the current attempt's once the
+    process says it has started it."""
+
+    task_id: str
+    number: int
+    log_path: Path
+    last: bool
+    attempt_process: tuple[int, float | None]
+
+
 class Drained(NamedTuple):
     """What one `ExecutorProcess.drain` read: the attempt's messages, whether more may come, and
     the exit status of the attempt's process once it has exited (a launcher's fork, as the
@@ -99,12 +111,21 @@ class ExecutorProcess:
     task_id: str | None = None  # the attempt it runs or ran last
     log_path: Path | None = None
     attempts: int = 0  # attempts assigned so far
+    number: int = 0  # the current attempt's among them (1 for its first): its token's
     last: bool = False  # the current attempt is its last: it exits after reporting
+    # Prefetch (SPEC §15): attempts sent ahead of the current one, by token, neither started nor
+    # revoked yet. Once any was sent (`sent_ahead`), "started" and "revoked" name their attempt.
+    ahead: dict[str, Ahead] = dataclasses.field(default_factory=dict)
+    sent_ahead: bool = False
     # The sentinel becomes ready exactly when the process has ended and been reaped (the fork
     # server's status pipe), so "not ready" answers is_alive with one poll(2) instead of
     # multiprocessing's selector; a spawned child's sentinel can also be held open by a grandchild.
     sentinel_exact: bool = False
     _descendants: dict[int, psutil.Process] = dataclasses.field(default_factory=dict, repr=False)
+    # Assignments not yet written, written as the pipe takes them (`send_more`): a process that
+    # runs attempts reads its next only once the one before it is over, so nothing sent ahead
+    # may wait for it (an event-loop process's are never waited for either).
+    _outgoing: collections.deque[memoryview] = dataclasses.field(default_factory=collections.deque, repr=False)
     _exitcode: int | None = dataclasses.field(default=None, repr=False)
     _closed: bool = dataclasses.field(default=False, repr=False)
 
@@ -121,10 +142,6 @@ class ExecutorProcess:
     def _root(self) -> psutil.Process | None:
         """The root of the current attempt's process tree, if it is still there."""
         raise NotImplementedError
-
-    def route(self, message: dict[str, Any], attempts: Mapping[str, Attempt], now: float) -> Attempt | None:
-        """The attempt, of those it holds (by token), that `message` is for: its only one here."""
-        return next(iter(attempts.values()), None)
 
     def watch(self, now: float) -> float | None:
         """Look at the process itself (not its attempts); when to look again (None: no need)."""
@@ -159,7 +176,11 @@ class ExecutorProcess:
     def attempt_token(self) -> str:
         """Names the current attempt in control commands: a command meant for an earlier attempt
         (the same task's, before a retry, included) can never steer this one."""
-        return f"{self.task_id}#{self.attempts}"
+        return self.token_of(self.task_id, self.number)
+
+    def token_of(self, task_id: str | None, number: int) -> str:
+        """The token of the `number`-th attempt assigned to this process, of `task_id`."""
+        return f"{task_id}#{number}"
 
     def assign(
         self,
@@ -172,6 +193,9 @@ class ExecutorProcess:
         process: tuple[int, float | None] | None = None,
         limits: assignment.Limits = assignment.Limits(),
         cancel_grace: float = 5.0,
+        prefetched: bool = False,
+        prefetching: bool = False,
+        after: str | None = None,
     ) -> str:
         """Send the process its next attempt; the attempt's token. OSError if it has died or was
         given its last one.
@@ -179,23 +203,38 @@ class ExecutorProcess:
         `process`: what `next_attempt_process` told the caller, who recorded it (looked up if None).
         `limits`: what the attempt may leave; its status channel refuses longer messages.
         `cancel_grace`: how long an event-loop process lets a cancelled attempt end by itself.
+        `prefetched`: sent ahead, behind the current attempt, which stays current until the process
+        says it has started this one (`begin_ahead`). `prefetching`: its queue sends tasks ahead.
+        `after`: in a process that holds several, the attempt this one follows.
         """
         if self.assignments is None:
             raise OSError(f"executor process {self.pid} takes no more tasks")
         log_path = Path(log_path)
         paths.private_dir(log_path.parent)  # a stat per attempt: it nearly always exists
-        self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
-        self.task_id, self.log_path, self.last = task.id, log_path, last
-        self.attempt_process = process if process is not None else self.next_attempt_process()
-        self._assigned()
+        attempt_process = process if process is not None else self.next_attempt_process()
         self.attempts += 1
+        token = self.token_of(task.id, self.attempts)
+        if prefetched and self.holds_many:
+            pass  # no attempt of it is "current": every message names its own
+        elif prefetched:
+            self.ahead[token] = Ahead(task.id, self.attempts, log_path, last, attempt_process)
+            self.sent_ahead = True
+        else:
+            self._descendants.clear()  # an earlier attempt's: stop escalation is for this one's tree
+            self.task_id, self.log_path, self.last, self.number = task.id, log_path, last, self.attempts
+            self.attempt_process = attempt_process
+            self._assigned()
         self.status.max_message = channel.frame_limit(limits.result_bytes)
-        token = self.attempt_token
         message = assignment.Assignment(
-            task, executor_ref, dict(upstream), str(log_path), token, last, limits, cancel_grace
+            task, executor_ref, dict(upstream), str(log_path), token, last, limits, cancel_grace,
+            prefetched=prefetched, prefetching=prefetching, after=after,
         )
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         try:
-            self._send(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            if prefetched or self._outgoing:  # behind what is still to be written, in order
+                self._queue(data)
+            else:
+                self._send(data)
         finally:
             if last:
                 self.assignments.close()
@@ -208,14 +247,68 @@ class ExecutorProcess:
     def _send(self, data: bytes) -> None:
         """Write one assignment: its process reads it before anything else (OSError if it stalls)."""
         assert self.assignments is not None
+        if self._outgoing:  # one sent ahead and taken back is still being written: it goes first
+            self._finish_outgoing(SEND_STALL)
         pipes.send_within(self.assignments.fileno(), data, SEND_STALL)
+
+    def _finish_outgoing(self, stall: float) -> None:
+        """Write what `_queue` left unwritten, waiting for the process to read it (OSError if it
+        reads none of it for `stall` seconds)."""
+        while self._outgoing and self.assignments is not None:
+            self.send_more()
+            if self._outgoing and not pipes.ready([], stall, writable=[self.assignments.fileno()]):
+                raise OSError(f"the executor process read none of its task for {stall:g} s")
+
+    def _queue(self, data: bytes) -> None:
+        """Write one assignment as far as the pipe takes it now; the rest follows (`send_more`)."""
+        self._outgoing.append(memoryview(framing.header(len(data), long_sizes=True) + data))
+        self.send_more()
 
     def unsent(self) -> int | None:
         """The assignment pipe's fd while what was assigned is not all written (None: it is)."""
-        return None
+        return self.assignments.fileno() if self._outgoing and self.assignments is not None else None
 
     def send_more(self) -> None:
         """Write more of what was assigned, as far as the pipe takes it without waiting."""
+        while self._outgoing and self.assignments is not None:
+            head = self._outgoing[0]
+            try:
+                written = os.write(self.assignments.fileno(), head)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._outgoing.clear()  # gone: its exit, read from its sentinel, ends its attempts
+                return
+            if written < len(head):
+                self._outgoing[0] = head[written:]
+                return
+            self._outgoing.popleft()
+
+    def begin_ahead(self, token: str) -> None:
+        """The process says it has started `token`, sent ahead: that is its current attempt now."""
+        sent = self.ahead.pop(token, None)
+        if sent is None:
+            return
+        self._descendants.clear()
+        self.task_id, self.number, self.log_path, self.last, self.attempt_process = sent
+
+    def route(self, message: dict[str, Any], attempts: Mapping[str, Attempt], now: float) -> Attempt | None:
+        """The attempt, of those it holds (by token), that `message` is for: its only one, unless
+        attempts were sent ahead (then "started" and "revoked" name theirs, and the rest are the
+        current attempt's)."""
+        if not self.sent_ahead:
+            return next(iter(attempts.values()), None)
+        kind = message.get("type")
+        if kind in ("started", "revoked"):
+            token = message.pop("attempt", None)
+            if not isinstance(token, str):
+                return None
+            if kind == "started":
+                self.begin_ahead(token)
+            else:
+                self.ahead.pop(token, None)
+            return attempts.get(token)
+        return attempts.get(self.attempt_token)
 
     def dismiss(self, timeout: float = 2.0) -> None:
         """End an idle process: it exits when its assignment pipe closes (killed if it does not)."""
@@ -289,6 +382,10 @@ class ExecutorProcess:
     def resume(self, token: str | None = None) -> None:
         """Let a paused attempt continue."""
         self._command("resume", token)
+
+    def revoke(self, token: str) -> None:
+        """Take back an attempt sent ahead, unless it has started (SPEC §15)."""
+        self._command("revoke", token)
 
     def _command(self, kind: str, token: str | None, reason: str | None = None) -> None:
         # Never blocks: the pipe is full only if the process stopped reading it (stuck or dead),

@@ -14,9 +14,7 @@ CRASHED, and retried as SPEC §6 says.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import os
 import signal
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
@@ -25,7 +23,6 @@ import structlog
 
 from daemon import processes
 from daemon.engine.executor_processes.base import ExecutorProcess
-from executors import framing
 
 if TYPE_CHECKING:
     from daemon.engine.attempt import Attempt
@@ -46,32 +43,12 @@ class EventLoopProcess(ExecutorProcess):
     alive_at: float | None = None  # the loop's `now` when its last heartbeat was read
     holding: int = 0  # attempts taken for it and not yet released (daemon.engine.event_loops)
     blocked: bool = False  # found blocked: being ended, takes nothing more
-    # Assignments not yet written: never waited for, as the other kinds' are. The process writes
-    # status while it reads them, and the loop reads that status only between ticks: a hand-over
-    # that waited for a busy process (thousands of attempts at once) would wait on itself.
-    _outgoing: collections.deque[memoryview] = dataclasses.field(default_factory=collections.deque, repr=False)
 
     def _send(self, data: bytes) -> None:
-        self._outgoing.append(memoryview(framing.header(len(data), long_sizes=True) + data))
-        self.send_more()
-
-    def unsent(self) -> int | None:
-        return self.assignments.fileno() if self._outgoing and self.assignments is not None else None
-
-    def send_more(self) -> None:
-        while self._outgoing and self.assignments is not None:
-            head = self._outgoing[0]
-            try:
-                written = os.write(self.assignments.fileno(), head)
-            except BlockingIOError:
-                return
-            except OSError:
-                self._outgoing.clear()  # gone: its exit, read from its sentinel, ends its attempts
-                return
-            if written < len(head):
-                self._outgoing[0] = head[written:]
-                return
-            self._outgoing.popleft()
+        # Never waited for, as the other kinds' are: the process writes status while it reads
+        # them, and the loop reads that status only between ticks: a hand-over that waited for a
+        # busy process (thousands of attempts at once) would wait on itself.
+        self._queue(data)
 
     def next_attempt_process(self) -> tuple[int, float | None]:
         return self.pid, self.create_time
@@ -84,10 +61,9 @@ class EventLoopProcess(ExecutorProcess):
             return processes.find_leftover(self.pid, self.create_time)
         return None
 
-    @property
-    def attempt_token(self) -> str:
+    def token_of(self, task_id: str | None, number: int) -> str:
         # Unique in the process for its whole life, as the other kinds' are for theirs.
-        return f"{self.task_id}#{self.pid}.{self.attempts}"
+        return f"{task_id}#{self.pid}.{number}"
 
     def route(self, message: dict[str, Any], attempts: Mapping[str, Attempt], now: float) -> Attempt | None:
         """The attempt `message` is for (None: the process's own, or one no longer held)."""
