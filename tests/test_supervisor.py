@@ -815,7 +815,9 @@ def test_a_task_that_needs_a_fresh_process_never_shares_one(make_supervisor: Cal
     fresh = [pid for pid, kind in zip(pids, kinds) if kind == "FRESH_STATE"]
     shared = [pid for pid, kind in zip(pids, kinds) if kind == "STATE"]
     assert len(set(fresh)) == 3 and not set(fresh) & set(shared)
-    assert len(set(shared)) == 1  # the plain tasks all ran in one process
+    # Not asserted: that the plain tasks all ran in one process. At the bound of processes (one
+    # slot and the spare) a launcher slow to report ends the idle reused process to make room
+    # (pool._make_room), as it should on a loaded machine; reuse itself is shown by other tests.
 
 
 def test_after_a_crash_or_a_forced_stop_the_next_task_gets_a_new_process(
