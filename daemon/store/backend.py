@@ -36,3 +36,10 @@ def for_share(conn: object) -> str:
     writers are serialized already, and it has no such clause): for reads that a write in the
     same transaction depends on, such as the statuses of a submission's dependencies."""
     return " FOR SHARE" if of(conn) == POSTGRESQL else ""
+
+
+def for_update(conn: object) -> str:
+    """The clause that makes a SELECT lock the rows it reads for a write that follows, on
+    PostgreSQL: for a rescue or a start's recovery, which move one supervisor's tasks while
+    others run (SQLite's writers are serialized already)."""
+    return " FOR UPDATE" if of(conn) == POSTGRESQL else ""
