@@ -77,7 +77,8 @@ def pause_by_user(
             raise NotPausable(f"task {task.id} is already paused")
     elif at.paused_since is None:
         raise NotPausable(f"task {task.id} is not paused")
-    tasks.set_paused(conn, task.id, paused)
+    if not tasks.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
+        raise NotPausable(f"task {task.id} is no longer run by this supervisor: it cannot be {verb} here")
 
     def command() -> None:
         if paused:

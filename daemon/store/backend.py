@@ -7,6 +7,7 @@ a SQLite daemon and the CLI never pay for loading it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SQLITE = "sqlite"
@@ -17,6 +18,11 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 def is_postgres(database: str | Path) -> bool:
     """Whether `database` (a config value: a path or a URL) names a PostgreSQL database."""
     return isinstance(database, str) and database.startswith(POSTGRES_SCHEMES)
+
+
+def shown(database: str | Path) -> str:
+    """`database` as messages and logs show it: a URL without its password."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", str(database)) if is_postgres(database) else str(database)
 
 
 def of(conn: object) -> str:

@@ -664,6 +664,18 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str | Atte
     )
 
 
+def not_current(conn: sqlite3.Connection, refs: Sequence[AttemptRef]) -> list[str]:
+    """The ids of those of `refs` whose task is no longer running at that attempt."""
+    if not refs:
+        return []
+    found = {row["id"]: row for row in conn.execute(
+        f"SELECT id, status, supervisor, attempt FROM task WHERE id IN ({', '.join('?' * len(refs))})",
+        [ref.task_id for ref in refs])}
+    return [ref.task_id for ref in refs
+            if (row := found.get(ref.task_id)) is None or row["status"] != TaskStatus.RUNNING.value
+            or (row["supervisor"] or "") != (ref.supervisor or "") or row["attempt"] != ref.attempt]
+
+
 # --- startup recovery (SPEC §9) -----------------------------------------------------------------
 
 

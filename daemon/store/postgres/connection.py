@@ -20,13 +20,17 @@ Each statement text is translated once (cached) from the store's dialect to Post
 - `COLLATE NOCASE` names the case-insensitive collation the migrations create.
 
 Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
-hierarchies): an `IntegrityError` on a unique index means the same on both backends.
+hierarchies): an `IntegrityError` on a unique index means the same on both backends. Each keeps
+its SQLSTATE (`.sqlstate`), by which `daemon.faults` tells what it means for the daemon; an error
+on a connection the server has closed (a restart) says `CONNECTION_LOST`, and `reconnect` then
+opens a new session in the same object, so that whatever holds it goes on with it.
 
 psycopg is imported here only: a SQLite-only daemon and `fredica status` never pay for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sqlite3
@@ -114,8 +118,16 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
     return lambda values: Row(values, index)
 
 
-def _as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
+# SQLSTATE connection_failure: what an error on a lost connection says when psycopg gives none
+# ("the connection is closed", after the server ended the session).
+CONNECTION_LOST = "08006"
+
+
+def _as_sqlite_error(exc: psycopg.Error, raw: psycopg.Connection[Any] | None = None) -> sqlite3.Error:
     """The store's exception class for a psycopg one, keeping its message (and SQLSTATE)."""
+    sqlstate = exc.sqlstate
+    if sqlstate is None and raw is not None and (raw.broken or raw.closed):
+        sqlstate = CONNECTION_LOST
     kind: type[sqlite3.Error]
     if isinstance(exc, psycopg.IntegrityError):
         kind = sqlite3.IntegrityError
@@ -125,8 +137,8 @@ def _as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
         kind = sqlite3.ProgrammingError
     else:
         kind = sqlite3.DatabaseError
-    error = kind(f"{exc} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else str(exc))
-    error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
+    error = kind(f"{_first_line(exc)} (SQLSTATE {sqlstate})" if sqlstate else str(exc))
+    error.sqlstate = sqlstate  # type: ignore[attr-defined]
     return error
 
 
@@ -140,26 +152,44 @@ class PostgresConnection:
 
     backend = backend.POSTGRESQL
 
-    def __init__(self, raw: psycopg.Connection[Any], url: str) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], url: str, *, read_only: bool = False) -> None:
         self.raw = raw
         self.url = url
+        self.read_only = read_only
 
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
+    @property
+    def broken(self) -> bool:
+        """Whether the session is lost (the server restarted, or the network dropped it)."""
+        return self.raw.broken or self.raw.closed
+
+    def reconnect(self) -> None:
+        """A new session in place of this one; a `CONNECTION_LOST` OperationalError while the
+        server cannot be reached."""
+        with contextlib.suppress(psycopg.Error):
+            self.raw.close()
+        try:
+            self.raw = _raw_connection(self.url, self.read_only, connect_timeout=RECONNECT_TIMEOUT)
+        except psycopg.Error as exc:
+            error = sqlite3.OperationalError(f"cannot reach the database: {_first_line(exc)}")
+            error.sqlstate = exc.sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
+            raise error from exc
+
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
         try:
             return self.raw.execute(translate(sql), params or None)
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc) from exc
+            raise _as_sqlite_error(exc, self.raw) from exc
 
     def executemany(self, sql: str, seq_of_params: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
-        cursor = self.raw.cursor()
         try:
+            cursor = self.raw.cursor()
             cursor.executemany(translate(sql), list(seq_of_params))
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc) from exc
+            raise _as_sqlite_error(exc, self.raw) from exc
         return cursor
 
     def close(self) -> None:
@@ -172,14 +202,26 @@ class PostgresConnection:
         self.close()
 
 
-def connect(url: str) -> PostgresConnection:
-    """A connection to the database at `url`, schema untouched. DatabaseUnusable when it cannot
-    be reached."""
+# Seconds a reconnection waits for the server: the loop keeps watching its tasks between tries.
+RECONNECT_TIMEOUT = 2
+
+
+def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connection[Any]:
+    raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **options)
+    if read_only:
+        raw.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+    return raw
+
+
+def connect(url: str, *, read_only: bool = False) -> PostgresConnection:
+    """A connection to the database at `url`, schema untouched (`read_only`: one that refuses
+    every write, for the readers beside the loop and the CLI's reads with no daemon).
+    DatabaseUnusable when it cannot be reached."""
     try:
-        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
+        raw = _raw_connection(url, read_only)
     except psycopg.Error as exc:
-        raise DatabaseUnusable(f"cannot connect to the database {_shown(url)}: {_first_line(exc)}") from None
-    return PostgresConnection(raw, url)
+        raise DatabaseUnusable(f"cannot connect to the database {backend.shown(url)}: {_first_line(exc)}") from None
+    return PostgresConnection(raw, url, read_only=read_only)
 
 
 def open_database(url: str) -> PostgresConnection:
@@ -193,11 +235,6 @@ def open_database(url: str) -> PostgresConnection:
         conn.close()
         raise
     return conn
-
-
-def _shown(url: str) -> str:
-    """`url` without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def _first_line(exc: BaseException) -> str:
