@@ -30,7 +30,7 @@ from daemon import templates
 from daemon.engine import cleaning, event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings
-from daemon.errors import InvalidTransition
+from daemon.errors import InvalidTransition, StaleAttempt
 from daemon.handoff import LoopHandoff
 from daemon.models import Task
 from daemon.notify import Notifier
@@ -691,6 +691,9 @@ class Supervisor:
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
+            if isinstance(exc, StaleAttempt):  # claimed again elsewhere: neither ours to start nor to fail
+                log.warning("stale_attempt_write_ignored", task_id=task.id, write="start", error=exc.message)
+                return
             log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
             self.running.pop(task.id, None)
             error = "the supervisor could not dispatch the task"
@@ -861,11 +864,12 @@ class Supervisor:
         attempts = [only] if only else list(self.running.values())
         dirty = [rt for rt in attempts if rt.mirror_dirty]
         if dirty:
-            tasks.record_pause_states(self.conn, [
+            written = tasks.record_pause_states(self.conn, [
                 (tasks.AttemptRef.of(rt.task), rt.paused_since is not None, rt.pausable,
                  rt.shown_text(rt.last_progress[1] if rt.last_progress else None))
                 for rt in dirty
             ])
+            _note_stale(written, dirty, "pause_state")
             for rt in dirty:
                 rt.mirror_dirty = False
         due = [
@@ -875,8 +879,9 @@ class Supervisor:
         ]
         if not due:
             return
-        tasks.record_progress(self.conn, [(tasks.AttemptRef.of(rt.task), rt.progress[0], rt.shown_text(rt.progress[1]))
-                                          for rt in due])
+        written = tasks.record_progress(
+            self.conn, [(tasks.AttemptRef.of(rt.task), rt.progress[0], rt.shown_text(rt.progress[1])) for rt in due])
+        _note_stale(written, due, "progress")
         for rt in due:
             rt.progress = None
             rt.progress_written_at = now
@@ -1036,3 +1041,10 @@ class Supervisor:
         for task_id in list(self.running):
             self._request_stop(task_id, "shutdown", now)
 
+
+def _note_stale(written: int, attempts: Sequence[Attempt], write: str) -> None:
+    """Log the writes about attempts that are no longer their tasks' current ones (fenced out:
+    rescued while this supervisor was taken for dead), which changed nothing."""
+    if written < len(attempts):
+        log.warning("stale_attempt_write_ignored", write=write, ignored=len(attempts) - written,
+                    tasks=[rt.task.id for rt in attempts])
