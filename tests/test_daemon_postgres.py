@@ -1,12 +1,17 @@
 """The real daemon on PostgreSQL (SPEC §16), through its CLI and client: a task runs and names its
 supervisor, cancel and pause act on a running task, kill -9 and a restart recover only this
 supervisor's own tasks, SIGTERM gives the lease up, a second supervisor of one name is refused,
-reads answer with no daemon, and an outage of the server is ridden out."""
+reads answer with no daemon, and an outage of the server is ridden out (its errors known by their
+SQLSTATE). A SQLite daemon never loads the driver."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,11 +19,11 @@ import psutil
 import pytest
 from click.testing import CliRunner, Result
 
-from daemon import cli, client, models
+from daemon import cli, client, faults, models
 from daemon.errors import DatabaseFault
 from daemon.store import db, supervisors
 from tests.conftest import wait_for
-from tests.daemon_harness import Daemon
+from tests.daemon_harness import REPO, Daemon
 from tests.postgres_cluster import Cluster
 
 FAULT_EXECUTORS = {"GATED": "tests.fault_executors:Gated"}
@@ -198,3 +203,59 @@ def test_a_server_outage_is_ridden_out_and_requests_meanwhile_get_one_line(
 def _submitted(d: Daemon) -> str | None:
     reply = d.request("submit", tasks=[{"type": "ECHO"}])
     return reply["data"]["tasks"][0]["id"] if reply["ok"] else None
+
+
+def test_a_sqlite_daemon_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
+    # A SQLite file's supervisor, its recovery, a claim and an attempt's writes, in a process of
+    # their own: psycopg costs ~30 ms of import that SQLite users must never pay.
+    script = f"""
+import os, sys, time
+from daemon import config, recovery
+from daemon.store import tasks
+from daemon.supervisor import Supervisor
+from daemon.submission import TaskSpec
+settings = config.from_mapping({{"daemon": {{"database": "q.db", "socket": "s.sock", "log_dir": "logs"}},
+                                 "executors": {{"ECHO": "tests.sample_executors:Echo"}}}},
+                               source=config.Path({str(tmp_path / "c.toml")!r}))
+sup = Supervisor(settings)
+now = time.time()
+recovery.recover(sup.conn, now=now)
+tasks.submit(sup.conn, [TaskSpec(type="ECHO")], now=now)
+(claimed,) = tasks.claim_ready(sup.conn, now, 1, supervisor=settings.name)
+started = tasks.start(sup.conn, claimed.id, now=now, known=claimed)
+tasks.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
+tasks.complete(sup.conn, claimed.id, {{}}, now=now, known=started)
+assert sup.lease is None
+loaded = sorted(m for m in sys.modules if m.startswith("psycopg"))
+print(loaded, flush=True)
+os._exit(1 if loaded else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (0, "[]"), done.stderr
+
+
+@pytest.mark.parametrize("sqlstate, kind", [
+    ("08006", faults.Kind.UNAVAILABLE), ("08003", faults.Kind.UNAVAILABLE), ("57P01", faults.Kind.UNAVAILABLE),
+    ("57P03", faults.Kind.UNAVAILABLE), ("53100", faults.Kind.FULL), ("58030", faults.Kind.IO),
+    ("25006", faults.Kind.READ_ONLY), ("XX001", faults.Kind.CORRUPT), ("40P01", faults.Kind.LOCKED),
+    ("23505", None), ("42P01", None),  # a unique index, a missing table: a bug or a refusal, not a fault
+])
+def test_postgresql_errors_are_known_by_their_sqlstate(sqlstate: str, kind: faults.Kind | None) -> None:
+    error = sqlite3.OperationalError("from the server")
+    error.sqlstate = sqlstate  # type: ignore[attr-defined]
+    assert faults.classify(error) is kind
+
+
+def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster: Cluster, url: str) -> None:
+    conn = db.open_database(url)
+    try:
+        postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                               f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
+        with pytest.raises(sqlite3.OperationalError) as lost:
+            conn.execute("SELECT 1")
+        assert faults.classify(lost.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
+        db.reconnect(conn)
+        assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        conn.close()
