@@ -259,3 +259,10 @@ def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster
         assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
     finally:
         conn.close()
+
+
+def test_export_of_a_postgresql_queue_is_refused_in_one_line(on_postgres: Callable[..., Daemon], url: str) -> None:
+    result = fredica(on_postgres(), "export")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"error: fredica export reads a SQLite database, not {url}: export a PostgreSQL "
+                                     "queue's task table with psql's \\copy")
