@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import structlog
 
-from daemon import dispatch, faults, handoff, leases, messages, models, outcomes, pipes, pool, processes, queues, recovery
-from daemon import templates
+from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, queues, templates
+from daemon import leases, recovery
 from daemon.engine import cleaning, event_loops, executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.config import Settings

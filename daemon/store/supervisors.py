@@ -87,18 +87,19 @@ def register(
     is refused (AlreadyRunning), unless `gone(row)` says that its process is known dead (a kill -9
     on this host, restarted before its lease ran out): its tasks are then this supervisor's to
     recover. A row whose lease has expired is taken over the same way."""
+    insert = ("INSERT OR IGNORE INTO supervisor (name, host, pid, pid_started_at, lease_timeout, started_at,"
+              f" heartbeat_at) VALUES (?, ?, ?, ?, ?, {_now(conn)}, {_now(conn)})")
+    values = (name, host, pid, pid_started_at, lease_timeout)
     with write(conn):
-        values = (name, host, pid, pid_started_at, lease_timeout)
-        inserted = conn.execute(
-            "INSERT OR IGNORE INTO supervisor (name, host, pid, pid_started_at, lease_timeout, started_at, heartbeat_at)"
-            f" VALUES (?, ?, ?, ?, ?, {_now(conn)}, {_now(conn)})", values,
-        ).rowcount
-        if inserted == 1:
+        if conn.execute(insert, values).rowcount == 1:
             return
         # Locked until commit: a rescuer that would remove it waits, then finds it renewed.
         row = conn.execute(_select(conn) + f" WHERE name = ?{backend.for_update(conn)}", (name,)).fetchone()
-        held = None if row is None else _row(row)
-        if held is not None and not held.expired and not gone(held):
+        if row is None:  # removed meanwhile, by the rescue that was holding it: the name is free
+            conn.execute(insert, values)
+            return
+        held = _row(row)
+        if not held.expired and not gone(held):
             raise AlreadyRunning(
                 f"another supervisor named {name!r} (host {held.host}, pid {held.pid}) holds a lease on this "
                 f"database: stop it, or give this one another [daemon] name"
