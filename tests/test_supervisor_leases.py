@@ -1,15 +1,19 @@
 """Supervisors, leases, rescue and fencing in the store (SPEC §16), on both backends: a claim
 names its supervisor and counts an attempt; a lease is refused to a second live holder; an
-expired one is rescued by §9's rules in one transaction, the row last; and a late write about an
-attempt that is no longer current changes nothing."""
+expired one is rescued by §9's rules in one transaction, the row last; a late write about an
+attempt that is no longer current changes nothing. And the loop's side of it (`daemon.leases`),
+stepped with the time passed in."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from daemon import models
+from daemon import leases, models
+from daemon.config import Settings
 from daemon.errors import AlreadyRunning, InvalidTransition, StaleAttempt
 from daemon.models import TaskStatus as S
 from daemon.store import restarts, supervisors, tasks
@@ -208,3 +212,53 @@ def test_a_graceful_release_keeps_the_row_while_tasks_are_in_flight(conn: sqlite
     assert not supervisors.release(conn, "alpha", host="h1", pid=999)  # not this process's lease
     assert supervisors.release(conn, "alpha", host="h1", pid=100)
     assert supervisors.find(conn, "alpha") is None
+
+
+# --- the loop's side: daemon/leases.py ---------------------------------------------------------
+
+
+def lease_settings(name: str, lease: float) -> Settings:
+    return Settings(database=Path("/unused"), socket=Path("/unused"), log_dir=Path("/unused"), name=name,
+                    lease_timeout=lease, heartbeat_interval=lease / 4)
+
+
+def test_the_loop_renews_at_each_heartbeat_and_rescues_an_expired_lease(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    lease = leases.Lease(lease_settings("alive", LIVE))
+    lease.tick(conn, T0)  # registers "alive": a renewal finds no row of its own yet
+    assert supervisors.find(conn, "alive").pid == os.getpid()
+    register(conn, "dead", lease=SHORT)
+    (task,) = claim(conn, "dead")
+    expire(conn, "dead")
+    assert lease.tick(conn, T0 + 1) == []  # not due yet: one heartbeat (LIVE / 4) after the last
+    assert supervisors.find(conn, "dead") is not None
+    (rescued,) = lease.tick(conn, T0 + LIVE)
+    assert [t.id for t in rescued.requeued] == [task.id] and supervisors.find(conn, "dead") is None
+    assert lease.next_at == T0 + LIVE + LIVE / 4
+
+
+def test_after_a_reconnection_the_loop_rescues_no_one_for_a_lease_timeout(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    register(conn, "slow", lease=SHORT)
+    claim(conn, "slow")
+    lease = leases.Lease(lease_settings("alive", 100.0))  # renewed every 25 s
+    lease.reconnected(T0)
+    expire(conn, "slow")
+    assert lease.tick(conn, T0 + 1) == []  # renewed its own, rescued no one: others reconnect too
+    assert supervisors.find(conn, "alive") is not None and supervisors.find(conn, "slow") is not None
+    assert lease.tick(conn, T0 + 99) == [] and supervisors.find(conn, "slow") is not None
+    assert [r.supervisor for r in lease.tick(conn, T0 + 124)] == ["slow"]
+
+
+def test_a_supervisor_taken_for_dead_takes_its_name_again_its_rescued_tasks_stay_rescued(
+    conn: sqlite3.Connection,
+) -> None:
+    submit(conn, 1)
+    lease = leases.Lease(lease_settings("alpha", SHORT * 8))
+    lease.tick(conn, T0)
+    (task,) = claim(conn, "alpha")
+    expire(conn, "alpha")
+    supervisors.rescue(conn, "alpha", now=T0 + 1, session_id="by-beta")
+    lease.tick(conn, T0 + 2)
+    assert supervisors.find(conn, "alpha").pid == os.getpid()
+    assert (tasks.get(conn, task.id).status, tasks.get(conn, task.id).attempt) == (S.PENDING, 1)
