@@ -6,6 +6,7 @@ every one of them."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -91,6 +92,10 @@ def test_a_supervisor_killed_while_it_runs_tasks_is_rescued_by_the_others(
     assert sorted(lease_names(url)) == ["alpha", "gamma"]
     entries = gamma.data("restarts")
     assert sorted((e["task_id"], e["status_at_restart"]) for e in entries) == [(i, "running") for i in beta_tasks]
+
+    alive = next(t["id"] for t in running if t["supervisor"] == "alpha")
+    refused = gamma.request("pause", ids=[alive])
+    assert "runs under supervisor alpha: it can be paused only there" in json.dumps(refused), refused
 
     (tmp_path / "gate").touch()
     ended = wait_for(lambda: all_ended(gamma, ids), timeout=60)
