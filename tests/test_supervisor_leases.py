@@ -16,7 +16,7 @@ from daemon import leases, models
 from daemon.config import Settings
 from daemon.errors import AlreadyRunning, InvalidTransition, StaleAttempt
 from daemon.models import TaskStatus as S
-from daemon.store import restarts, supervisors, tasks
+from daemon.store import restarts, supervisors, tasks, waiting
 from daemon.submission import TaskSpec
 from tests.conftest import wait_for
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -262,3 +262,18 @@ def test_a_supervisor_taken_for_dead_takes_its_name_again_its_rescued_tasks_stay
     lease.tick(conn, T0 + 2)
     assert supervisors.find(conn, "alpha").pid == os.getpid()
     assert (tasks.get(conn, task.id).status, tasks.get(conn, task.id).attempt) == (S.PENDING, 1)
+
+
+# --- bulk requests of a shared queue ------------------------------------------------------------
+
+
+def test_bulk_cancel_hold_and_priority_read_alike_on_both_backends(conn: sqlite3.Connection) -> None:
+    # Their SQL holds SQLite's planner hint `+status`, which PostgreSQL has no operator for: a
+    # cancel given on any host of a shared queue (SPEC §16) went through none of them there.
+    first, second, third = submit(conn, 3)
+    assert waiting.hold(conn, [first])[first] is None and tasks.get(conn, first).is_held
+    assert waiting.set_priority(conn, [second], 5)[second] is None and tasks.get(conn, second).priority == 5
+    (claimed,) = claim(conn, "alpha")
+    assert claimed.id == second
+    assert set(tasks.cancel_waiting(conn, [first, second, third], now=T0 + 2)) == {first, second, third}
+    assert {tasks.get(conn, i).status for i in (first, second, third)} == {S.CANCELLED}

@@ -39,7 +39,8 @@ def release(conn: sqlite3.Connection, task_ids: Sequence[str]) -> dict[str, str 
 def set_priority(conn: sqlite3.Connection, task_ids: Sequence[str], priority: int) -> dict[str, str | None]:
     """Give each pending task (held or not) `priority`, which the next claim honours. For each
     id, None if it was changed (or had that priority already), else why not."""
-    return _guarded(conn, task_ids, "priority = ?", "1", "given a priority", (priority,))
+    # "1 = 1", not "1": PostgreSQL takes only a boolean after AND.
+    return _guarded(conn, task_ids, "priority = ?", "1 = 1", "given a priority", (priority,))
 
 
 def _guarded(

@@ -15,7 +15,9 @@ Each statement text is translated once (cached) from the store's dialect to Post
   from a status that changed meanwhile updates nothing and the caller's count check refuses it;
   the claim locks what it takes with `FOR UPDATE SKIP LOCKED` (`claim.py`); and an insert that
   meets an active task's idempotency key waits for that task's transaction, then does nothing;
-- `INDEXED BY <index>` (SQLite's planner hints) is dropped: PostgreSQL's planner needs none;
+- `INDEXED BY <index>` and a unary `+` before a column (`AND +status IN ...`: use no index of
+  it), SQLite's planner hints, are dropped: PostgreSQL's planner needs none, and has no unary
+  `+` for text;
 - `INSERT OR IGNORE INTO ...` becomes `INSERT INTO ... ON CONFLICT DO NOTHING`;
 - `COLLATE NOCASE` names the case-insensitive collation the migrations create.
 
@@ -43,6 +45,9 @@ from daemon.errors import DatabaseUnusable
 from daemon.store import backend
 
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
+# A `+` right before a name, after a space or an opening parenthesis: never arithmetic, which the
+# store writes with spaces around its operators.
+_NO_INDEX_HINT = re.compile(r"(?<=[\s(])\+(?=[A-Za-z_])")
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
 
@@ -52,7 +57,7 @@ def translate(sql: str) -> str:
     """The PostgreSQL text of a statement in the store's dialect (see the module docstring)."""
     if _BEGIN_IMMEDIATE.match(sql):
         return "BEGIN"
-    sql = _INDEXED_BY.sub("", sql)
+    sql = _NO_INDEX_HINT.sub("", _INDEXED_BY.sub("", sql))
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
     return _placeholders(sql)
