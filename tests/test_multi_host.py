@@ -96,14 +96,21 @@ def test_a_supervisor_killed_while_it_runs_tasks_is_rescued_by_the_others(
     alive = next(t["id"] for t in running if t["supervisor"] == "alpha")
     refused = gamma.request("pause", ids=[alive])
     assert "runs under supervisor alpha: it can be paused only there" in json.dumps(refused), refused
+    # A cancel given on another host ends the row at once; its supervisor stops the attempt at its
+    # next heartbeat (its fenced heartbeat finds the row moved on).
+    gamma.data("cancel", ids=[alive])
+    wait_for(lambda: any(e["event"] == "attempt_no_longer_current" and e["task_id"] == alive
+                         for e in alpha.log_events()), timeout=30)
 
     (tmp_path / "gate").touch()
     ended = wait_for(lambda: all_ended(gamma, ids), timeout=60)
     outcomes = Counter((t["status"], t["error_type"]) for t in ended.values())
-    assert outcomes == {("completed", None): 6, ("failed", models.INTERRUPTED): 2}, outcomes
+    assert outcomes == {("completed", None): 5, ("cancelled", models.CANCELLED): 1,
+                        ("failed", models.INTERRUPTED): 2}, outcomes
     runs = Counter(tallied(tmp_path / "tally"))
     assert set(runs) == set(ids) and set(runs.values()) == {1}, runs  # each ran once: none twice, none lost
     assert {t["supervisor"] for t in ended.values() if t["status"] == "completed"} <= {"alpha", "gamma"}
+    assert gamma.task(alive)["supervisor"] == "alpha" and gamma.task(alive)["status"] == "cancelled"
     assert any(e["event"] == "supervisor_rescued" and e["supervisor"] == "beta"
                for e in alpha.log_events() + gamma.log_events())
 
