@@ -244,3 +244,11 @@ def test_cancel_waiting_in_run(conn: sqlite3.Connection) -> None:
 def test_cancel_waiting_in_an_unknown_run(conn: sqlite3.Connection) -> None:
     with pytest.raises(UnknownRun):
         tasks.cancel_waiting_in_run(conn, "no-such-run", now=T0)
+
+
+def test_runs_are_listed_newest_first_and_by_status(conn: sqlite3.Connection) -> None:
+    made = [tasks.submit(conn, [TaskSpec(type="T")], now=T0 + i).run_id for i in range(3)]
+    tasks.cancel_waiting_in_run(conn, made[1], now=T0 + 5)
+    assert [r.id for r in runs.list_runs(conn)] == made[::-1]
+    assert [r.id for r in runs.list_runs(conn, status="cancelled")] == [made[1]]
+    assert [r.id for r in runs.list_runs(conn, limit=1)] == [made[2]]

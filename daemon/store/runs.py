@@ -85,7 +85,9 @@ def list_runs(
     if status is not None:
         sql += " WHERE status = ?"
         params.append(status)
-    sql += " ORDER BY created_at DESC, rowid DESC"
+    # Runs made at the same instant: newest inserted first on SQLite (its rowid); PostgreSQL's
+    # table has no insertion order to read, and its tie is broken by id, the same at every read.
+    sql += f" ORDER BY created_at DESC, {'rowid' if backend.of(conn) == backend.SQLITE else 'id'} DESC"
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
