@@ -1,4 +1,4 @@
-"""Removing finished runs (SPEC §14 `fredica clean`), in the store, on a real SQLite file: what
+"""Removing finished runs (SPEC §14 `fredica clean`), in the store, on both backends: what
 goes (the run, its tasks, their edges and restart-log entries) and what stays (an unfinished run,
 a run younger than the cutoff, a run whose task an unfinished task depends on), in chunks."""
 
@@ -16,6 +16,7 @@ from daemon.models import TaskStatus
 from daemon.store import cleaning, restarts, runs, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
 DAY = 86400.0
 T0 = 1_000_000.0

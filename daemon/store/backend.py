@@ -49,3 +49,11 @@ def for_update(conn: object) -> str:
     PostgreSQL: for a rescue or a start's recovery, which move one supervisor's tasks while
     others run (SQLite's writers are serialized already)."""
     return " FOR UPDATE" if of(conn) == POSTGRESQL else ""
+
+
+def json_array_values(conn: object) -> str:
+    """A subquery of the values of the JSON array of text given as its one parameter (`?`): for
+    a list of ids in one statement, however long."""
+    if of(conn) == POSTGRESQL:
+        return "SELECT value FROM json_array_elements_text(CAST(? AS json))"
+    return "SELECT value FROM json_each(?)"

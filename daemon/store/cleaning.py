@@ -19,7 +19,7 @@ import sqlite3
 from typing import Sequence
 
 from daemon.models import RunStatus
-from daemon.store import statuses
+from daemon.store import backend, statuses
 from daemon.store.db import write
 
 # Tasks removed in one chunk. Measured at 100,000 finished tasks on a shared 2-core machine (load
@@ -83,9 +83,10 @@ def preview(conn: sqlite3.Connection, *, cutoff: float, status: str | None = Non
 
 def _tasks_of(conn: sqlite3.Connection, run_ids: Sequence[str], limit: int = -1) -> list[tuple[int, str]]:
     """(seq, id) of the runs' tasks (at most `limit`, -1: all): one statement for all of them."""
+    bounded = " LIMIT ?" if limit >= 0 else ""  # PostgreSQL refuses SQLite's LIMIT -1 (no limit)
     return conn.execute(
-        "SELECT seq, id FROM task WHERE workflow_run_id IN (SELECT value FROM json_each(?)) LIMIT ?",
-        (json.dumps(list(run_ids)), limit),
+        f"SELECT seq, id FROM task WHERE workflow_run_id IN ({backend.json_array_values(conn)}){bounded}",
+        (json.dumps(list(run_ids)), *([limit] if limit >= 0 else [])),
     ).fetchall()
 
 
