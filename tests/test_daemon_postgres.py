@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from daemon.store import db, supervisors
 from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
 from tests.postgres_cluster import Cluster
+from tests.web_harness import free_port
 
 FAULT_EXECUTORS = {"GATED": "tests.fault_executors:Gated"}
 
@@ -266,3 +268,22 @@ def test_export_of_a_postgresql_queue_is_refused_in_one_line(on_postgres: Callab
     assert result.exit_code == 1
     assert result.stderr.strip() == (f"error: fredica export reads a SQLite database, not {url}: export a PostgreSQL "
                                      "queue's task table with psql's \\copy")
+
+
+def test_the_http_token_of_a_postgresql_daemon_is_made_in_its_state_directory(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beside a SQLite file its directory exists; a URL names none, and the state directory that
+    # holds the token by default may not exist yet on this host.
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    d = Daemon(tmp_path / "d", database=url, name="web", extra_toml=f'[http]\nlisten = "127.0.0.1:{free_port()}"')
+    try:
+        d.start()
+        token_file = home / ".local" / "state" / "fredica" / "http-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token_file.read_text().strip()) >= 32
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    finally:
+        d.kill_if_running()
