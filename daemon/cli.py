@@ -134,8 +134,15 @@ def call(op: str, **args: Any) -> Any:
         answer = offline.answer(settings(), op, args, exc)
         if not meta.get(_NOTED_DOWN):
             meta[_NOTED_DOWN] = True
-            click.echo("daemon not running" + (f": read from {settings().database}" * answer.read_database), err=True)
+            click.echo("daemon not running" + (f": read from {shown_database()}" * answer.read_database), err=True)
         return answer.data
+
+
+def shown_database() -> str:
+    """The database as the CLI names it: a PostgreSQL URL without its password."""
+    from daemon.store import backend
+
+    return backend.shown(settings().database)
 
 
 def stream(op: str, **args: Any) -> client.Streamed:
@@ -152,7 +159,7 @@ def stream(op: str, **args: Any) -> client.Streamed:
         first_answer = next(answers)  # a refusal (an unknown run, no database) comes before any output
         if not click.get_current_context().meta.get(_NOTED_DOWN):
             click.get_current_context().meta[_NOTED_DOWN] = True
-            click.echo(f"daemon not running: read from {settings().database}", err=True)
+            click.echo(f"daemon not running: read from {shown_database()}", err=True)
         offline_streamed = client.Streamed()
 
         def offline_pages() -> Any:

@@ -11,11 +11,13 @@ import dataclasses
 import math
 import os
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from daemon import durations, queues
+from daemon.store import backend
 from daemon.errors import ConfigError, FredicaError  # noqa: F401 (ConfigError re-exported: this module's errors live in the catalogue)
 
 if TYPE_CHECKING:  # imported only by a config that has templates: `fredica status` reads most configs
@@ -43,7 +45,7 @@ def _runtime_dir(env: Mapping[str, str]) -> Path:
 class Settings:
     """Everything the daemon reads from its config file."""
 
-    database: Path
+    database: Path | str  # a SQLite file, or a PostgreSQL URL (str: SPEC §16)
     socket: Path
     log_dir: Path
     max_workers: int = 4
@@ -56,6 +58,10 @@ class Settings:
     synchronous: str = "normal"
     progress_interval: float = 0.5
     heartbeat_interval: float = 5.0
+    # SPEC §16, on PostgreSQL: this supervisor's name among those sharing the queue, and how long
+    # its lease (renewed every heartbeat_interval) stays valid without a renewal.
+    name: str = dataclasses.field(default_factory=socket.gethostname)
+    lease_timeout: float = 30.0
     warm_spare: bool = True
     tasks_per_process: int = 1
     idle_process_timeout: float = 60.0
@@ -103,7 +109,10 @@ class Settings:
     @property
     def token_file(self) -> Path:
         """Where the HTTP API's bearer token is kept (SPEC §17)."""
-        return self.http_token_file if self.http_token_file is not None else self.database.parent / "http-token"
+        if self.http_token_file is not None:
+            return self.http_token_file
+        assert isinstance(self.database, Path)  # a URL's default is set by `from_mapping`
+        return self.database.parent / "http-token"
 
 
 def _is_duration(text: str) -> bool:
@@ -133,6 +142,9 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "synchronous": (str, (lambda v: v.lower() in ("normal", "full"), 'must be "normal" or "full"')),
     "progress_interval": ((int, float), _NON_NEGATIVE),
     "heartbeat_interval": ((int, float), _POSITIVE),
+    "name": (str, (lambda v: 0 < len(v) <= 200 and v.isprintable() and v.strip() == v,
+                   "must be 1 to 200 printable characters, without spaces around them")),
+    "lease_timeout": ((int, float), _POSITIVE),
     "warm_spare": (bool, None),
     "tasks_per_process": (int, (lambda v: 1 <= v <= 1_000_000, "must be between 1 and 1000000")),
     "idle_process_timeout": ((int, float), _POSITIVE),
@@ -227,16 +239,18 @@ def from_mapping(data: Mapping[str, Any], *, env: Mapping[str, str] | None = Non
             if key not in keys:
                 raise ConfigError(f"[{section}] unknown key {key!r}")
             values[key] = _check(section, key, value, keys[key])
-    if isinstance(values.get("database"), str) and values["database"].startswith(("postgresql://", "postgres://")):
-        # Taken as a path, it would start an SQLite queue in a directory named "postgresql:".
-        raise ConfigError(
-            "[daemon] database: a PostgreSQL URL is not supported by the daemon yet (SPEC §16 is under way: "
-            "the store runs on PostgreSQL, the supervisor does not); give the path of an SQLite file"
-        )
+    heartbeat = values.get("heartbeat_interval", base.heartbeat_interval)
+    lease = values.get("lease_timeout", base.lease_timeout)
+    if heartbeat >= lease:
+        # A lease renewed less often than it lasts expires while its supervisor is alive.
+        raise ConfigError(f"[daemon] heartbeat_interval ({heartbeat:g}) must be less than lease_timeout ({lease:g})")
     for key in ("database", "socket", "log_dir"):
-        if key in values:
+        # A PostgreSQL URL stays a URL (as a path it would name a directory "postgresql:").
+        if key in values and not (key == "database" and backend.is_postgres(values[key])):
             values[key] = _path(key, values[key], os.environ if env is None else env, source)
     values.update(_http_values(data.get("http", {}), os.environ if env is None else env, source))
+    if backend.is_postgres(values.get("database", "")) and "http_token_file" not in values:
+        values["http_token_file"] = Path(base.database).parent / "http-token"  # the state directory
     if "keep_finished" in values:
         values["keep_finished"] = durations.parse(values["keep_finished"])
     if values.get("synchronous"):

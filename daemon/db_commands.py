@@ -48,7 +48,7 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
 
     if not backend.is_postgres(postgres_url):
         raise CopyRefused(f"POSTGRES_URL must be a postgresql:// URL, not {postgres_url!r}")
-    shown_target = connection.shown(postgres_url)
+    shown_target = backend.shown(postgres_url)
     started = time.monotonic()
     with _no_daemon_owns(sqlite_file):
         try:

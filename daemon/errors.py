@@ -98,6 +98,11 @@ class InvalidTransition(FredicaError):
         return cls(None, None, None, message)
 
 
+class StaleAttempt(InvalidTransition):
+    """A write about an attempt that is no longer its task's current one (a supervisor presumed
+    dead, whose task was rescued and may run elsewhere now, SPEC §16); nothing was changed."""
+
+
 class NotPausable(FredicaError):
     """The task cannot be paused or resumed now."""
 

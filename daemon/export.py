@@ -18,7 +18,7 @@ import sqlite_utils
 
 from daemon.errors import ExportFailed, FredicaError
 from daemon.models import TASK_FILTER_WORDS
-from daemon.store import db, tasks
+from daemon.store import backend, db, tasks
 from daemon.store import ids as id_store
 
 FORMATS = ("csv", "jsonl")
@@ -30,12 +30,16 @@ COLUMNS = (
 )
 
 
-def rows(database: Path, *, statuses: Sequence[str] = (), run: str | None = None) -> Iterator[dict[str, Any]]:
+def rows(database: Path | str, *, statuses: Sequence[str] = (), run: str | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of `database` in submission order (only those of `statuses` and `run` if given).
     What is wrong with the request or the database is refused here, before any row is written."""
     for status in statuses:
         if status not in TASK_FILTER_WORDS:  # as `ls --status` takes them (SPEC §14)
             raise ExportFailed(f"unknown status {status!r}: one of {', '.join(TASK_FILTER_WORDS)}")
+    if backend.is_postgres(database):
+        # sqlite-utils streams the rows, and reads SQLite only.
+        raise ExportFailed(f"fredica export reads a SQLite database, not {backend.shown(database)}: export a "
+                           "PostgreSQL queue's task table with psql's \\copy")
     if not Path(database).exists():
         raise ExportFailed(f"no database at {database}")
     try:

@@ -1,11 +1,16 @@
-"""Database faults at runtime (SPEC §13): what a SQLite error means for the loop, and how a
+"""Database faults at runtime (SPEC §13): what a database error means for the loop, and how a
 write fault is ridden out.
 
 Two kinds matter. A *write fault* (the disk is full, an I/O error, the file turned read-only,
-another process holding the write lock past the busy timeout) passes: the loop keeps in memory
-what it still has to record, claims nothing, refuses requests that would write, and retries the
-write at growing intervals until it succeeds. *Corruption* does not pass: the daemon ends its
-attempts and exits. Anything else is not a database fault, and goes where it went before.
+another process holding the write lock past the busy timeout; on PostgreSQL also a lost
+connection, a server restarting) passes: the loop keeps in memory what it still has to record,
+claims nothing, refuses requests that would write, and retries the write at growing intervals
+until it succeeds (reconnecting first, for a lost connection). *Corruption* does not pass: the
+daemon ends its attempts and exits. Anything else is not a database fault, and goes where it
+went before.
+
+SQLite's errors are known by their `sqlite_errorname`; PostgreSQL's (raised as the same
+`sqlite3` classes by `store/postgres/connection.py`) by their SQLSTATE.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Kind(enum.Enum):
     READ_ONLY = "read_only"
     LOCKED = "locked"
     CORRUPT = "corrupt"
+    UNAVAILABLE = "unavailable"  # PostgreSQL: the connection is lost, or the server will not take it
 
 
 # Refusal texts: what a user is told, for each kind of write fault.
@@ -39,6 +45,7 @@ REFUSALS = {
     Kind.READ_ONLY: "the database has become read-only: nothing was changed",
     Kind.LOCKED: "the database is locked by another process: nothing was changed",
     Kind.CORRUPT: "the database is corrupt: the daemon is stopping; nothing was changed",
+    Kind.UNAVAILABLE: "the database is unavailable (connection lost): nothing was changed",
 }
 
 _KINDS = (
@@ -48,6 +55,21 @@ _KINDS = (
     ("SQLITE_BUSY", Kind.LOCKED),  # another process holds the write lock (SQLITE_LOCKED: a bug of ours)
     ("SQLITE_CORRUPT", Kind.CORRUPT),
     ("SQLITE_NOTADB", Kind.CORRUPT),
+)
+# SQLSTATE prefixes (classes, or single codes), most specific first.
+_POSTGRES_KINDS = (
+    ("08", Kind.UNAVAILABLE),  # connection exception
+    ("57P", Kind.UNAVAILABLE),  # the server shuts down, crashed, or is starting
+    ("53100", Kind.FULL),  # disk_full
+    ("58030", Kind.IO),  # io_error
+    ("25006", Kind.READ_ONLY),  # read_only_sql_transaction: a standby, or a read-only database
+    ("XX001", Kind.CORRUPT),  # data_corrupted
+    ("XX002", Kind.CORRUPT),  # index_corrupted
+    # Another supervisor's transaction was in the way (a deadlock broken, a lock not had): the
+    # tick is rolled back and tried again, as for SQLite's busy lock.
+    ("40P01", Kind.LOCKED),
+    ("40001", Kind.LOCKED),
+    ("55P03", Kind.LOCKED),
 )
 
 
@@ -65,7 +87,10 @@ def reader_refusal(exc: sqlite3.DatabaseError, report_corruption: Callable[[Base
     """What a reader's database error is answered with: itself, or, for corruption, the refusal
     that says so once `report_corruption` has told the loop (which ends the daemon: it must not go
     on answering from a database it can no longer trust, SPEC §13)."""
-    if classify(exc) is not Kind.CORRUPT:
+    kind = classify(exc)
+    if kind is Kind.UNAVAILABLE:
+        return refusal(kind)  # one line; the reader's next call opens a new session
+    if kind is not Kind.CORRUPT:
         return exc
     report_corruption(exc)
     return refusal(Kind.CORRUPT)
@@ -74,6 +99,11 @@ def reader_refusal(exc: sqlite3.DatabaseError, report_corruption: Callable[[Base
 def classify(exc: BaseException) -> Kind | None:
     """The kind of database fault `exc` is (None: not one). Extended codes (SQLITE_IOERR_WRITE,
     SQLITE_CORRUPT_INDEX, ...) count as their primary code."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate:
+        return next((kind for prefix, kind in _POSTGRES_KINDS if sqlstate.startswith(prefix)), None)
     if not isinstance(exc, sqlite3.DatabaseError):
         return None
     name = getattr(exc, "sqlite_errorname", None) or ""

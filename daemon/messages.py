@@ -71,6 +71,9 @@ def pause_by_user(
     (a request whose tick is rolled back must have done nothing). NotPausable, changing nothing,
     when it cannot be."""
     verb = "paused" if paused else "resumed"
+    if task.status is TaskStatus.RUNNING and at is None and task.supervisor is not None:
+        # Another supervisor of a shared queue runs it (SPEC §16): its process is not ours to steer.
+        raise NotPausable(f"task {task.id} runs under supervisor {task.supervisor}: it can be {verb} only there")
     if task.status is not TaskStatus.RUNNING or at is None or at.stopping:
         raise NotPausable(f"task {task.id} is {task.display_status}: only a running task can be {verb}")
     if at.finishing:
@@ -82,7 +85,8 @@ def pause_by_user(
             raise NotPausable(f"task {task.id} is already paused")
     elif at.paused_since is None:
         raise NotPausable(f"task {task.id} is not paused")
-    tasks.set_paused(conn, task.id, paused)
+    if not tasks.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
+        raise NotPausable(f"task {task.id} is no longer run by this supervisor: it cannot be {verb} here")
 
     def command() -> None:
         if paused:

@@ -145,6 +145,8 @@ class Task:
     queue: str = "default"  # the queue that claims it (SPEC §15)
     queue_explicit: bool = False  # named by the submitter, not routed by type
     is_held: bool = False  # a pending task a user holds: never claimed until released (SPEC §14)
+    supervisor: str | None = None  # the supervisor that claimed it last, kept after it ends (SPEC §16)
+    attempt: int = 0  # how many times it was claimed: with `supervisor`, what fences an attempt's writes
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Task":
@@ -181,6 +183,8 @@ class Task:
             queue=row["queue"],
             queue_explicit=bool(row["queue_explicit"]),
             is_held=bool(row["is_held"]),
+            supervisor=row["supervisor"],
+            attempt=row["attempt"],
         )
 
     @property

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from daemon import operations, protocol
 from daemon.config import Settings
 from daemon.errors import DaemonUnreachable, FredicaError, MigrationError
-from daemon.store import db, migrations
+from daemon.store import backend, db
 
 
 def answers(op: str) -> bool:
@@ -40,16 +40,16 @@ class OfflineReads(operations.Reads):
         if self._conn is None:
             path = self.settings.database
             try:
-                conn = db.connect_read_only(path)
+                conn = db.connect_read_only(path)  # PostgreSQL: a read-only session, no daemon needed
             except FileNotFoundError:
                 raise DaemonUnreachable(
                     f"{self._not_running.message}; there is no database at {path} to read either") from None
-            version = migrations.current_version(conn)
-            if version != migrations.LATEST:
+            version, latest = db.schema_version(conn)
+            if version != latest:
                 conn.close()
                 raise MigrationError(
-                    f"the database {path} has schema version {version}, this fredica reads version "
-                    f"{migrations.LATEST}: start the daemon once (it migrates the database), then ask again"
+                    f"the database {backend.shown(path)} has schema version {version}, this fredica reads version "
+                    f"{latest}: start the daemon once (it migrates the database), then ask again"
                 )
             self._conn = conn
         return self._conn
@@ -90,7 +90,7 @@ def pages(settings: Settings, op: str, args: dict[str, Any], not_running: Daemon
                 data.pop("more", None)
                 yield Answer(data, True)
     except sqlite3.Error as exc:
-        raise FredicaError(f"cannot read the database {settings.database}: {exc}") from None
+        raise FredicaError(f"cannot read the database {backend.shown(settings.database)}: {exc}") from None
     finally:
         reads.close()
 
@@ -104,7 +104,7 @@ def answer(settings: Settings, op: str, args: dict[str, Any], not_running: Daemo
         data = getattr(reads, f"op_{op}")(**args)
         read_database = reads.opened
     except sqlite3.Error as exc:
-        raise FredicaError(f"cannot read the database {settings.database}: {exc}") from None
+        raise FredicaError(f"cannot read the database {backend.shown(settings.database)}: {exc}") from None
     finally:
         reads.close()
     # As the daemon's reply: JSON types only (tuples become lists, keys strings).

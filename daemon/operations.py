@@ -19,7 +19,7 @@ from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
-from daemon.store import cleaning, db, listing, restarts, runs, tasks
+from daemon.store import backend, cleaning, db, listing, restarts, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -65,7 +65,7 @@ class Reads:
             "busy_workers": daemon["busy_workers"],
             "queues": {row.pop("name"): row for row in self.op_queues()},
             "counts": tasks.count_by_status(self._reader()),
-            "database": str(self.settings.database),
+            "database": backend.shown(self.settings.database),
             "socket": str(self.settings.socket),
             "log_dir": str(self.settings.log_dir),
             # While the database cannot be written: what the fault is (None: none).
@@ -197,14 +197,25 @@ class Handlers(acting.ActingHandlers, Reads):
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        super().__init__(supervisor.settings, db.ThreadReaders(supervisor.settings.database))
+        self.readers = db.ThreadReaders(supervisor.settings.database)
+        super().__init__(supervisor.settings, self.readers)
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         # Checked already by `protocol.parse_request`, against the same table.
         try:
             return getattr(self, f"op_{op}")(**args)
         except sqlite3.DatabaseError as exc:
+            if not self._session_was_lost(exc):
+                raise self._refusal(exc) from None
+        # This thread's PostgreSQL session was lost (the server restarted since it last read): the
+        # read, which wrote nothing, is made once more, on a new session (`db.ThreadReaders`).
+        try:
+            return getattr(self, f"op_{op}")(**args)
+        except sqlite3.DatabaseError as exc:
             raise self._refusal(exc) from None
+
+    def _session_was_lost(self, exc: sqlite3.DatabaseError) -> bool:
+        return faults.classify(exc) is faults.Kind.UNAVAILABLE and self.readers.lost()
 
     def _refusal(self, exc: sqlite3.DatabaseError) -> Exception:
         return faults.reader_refusal(exc, self.sup.report_corruption)

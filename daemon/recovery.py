@@ -53,10 +53,14 @@ class RecoveryReport:
         return len(self.interrupted_tasks)
 
 
-def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) -> RecoveryReport:
-    """Bring the database and the process table back to a clean state after a previous session."""
+def recover(
+    conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0, supervisor: str | None = None
+) -> RecoveryReport:
+    """Bring the database and the process table back to a clean state after a previous session.
+    `supervisor`: only the tasks this supervisor left (a shared PostgreSQL queue, SPEC §16, whose
+    other supervisors run theirs); None, every task (the one daemon of a SQLite file)."""
     session_id = str(uuid.uuid4())
-    in_flight = tasks.list_tasks(conn, status=[TaskStatus.RUNNING.value, TaskStatus.CLAIMED.value])
+    in_flight = tasks.in_flight(conn, supervisor=supervisor, unnamed=True)
     leftovers = []
     for task in in_flight:
         if task.executor_pid is not None and task.executor_started_at is not None:
@@ -66,8 +70,9 @@ def recover(conn: sqlite3.Connection, *, now: float, kill_grace: float = 5.0) ->
                 log.warning("leftover_executor", task_id=task.id, run_id=task.workflow_run_id, pid=process.pid)
     killed = processes.end_process_trees(leftovers, kill_grace)
     with db.write(conn):
-        interrupted = tasks.fail_interrupted(conn, now=now)
-        requeued = tasks.requeue_claimed(conn, now=now)
+        runs.lock_counters(conn)
+        interrupted = tasks.fail_interrupted(conn, now=now, supervisor=supervisor, unnamed=True)
+        requeued = tasks.requeue_claimed(conn, now=now, supervisor=supervisor, unnamed=True)
         restarts.record(conn, session_id, in_flight, now=now)
         orphaned = tasks.fail_orphans(conn, now=now)
         reconciled = runs.reconcile_non_terminal(conn, now=now)

@@ -2,6 +2,11 @@
 
 Order matters (SPEC §9): the socket is bound and listening before recovery, so clients that
 connect meanwhile queue up and wait, but it answers nothing until recovery has finished.
+
+The single-owner lock is a file lock beside a SQLite database; on PostgreSQL, where supervisors
+of several hosts share the database, it is this supervisor's lease (`daemon.leases`), which is
+refused to a second live supervisor of the same name, and recovery then touches only the tasks
+of this name (SPEC §16).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import IO, Iterator
 import structlog
 
 from daemon import config, logs, paths
+from daemon.store import backend
 from daemon.errors import FredicaError, AlreadyRunning, CannotStart  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 
 log = structlog.get_logger("fredica.daemon")
@@ -29,7 +35,7 @@ log = structlog.get_logger("fredica.daemon")
 
 
 @contextlib.contextmanager
-def _starting(what: str, *, database: Path | None = None) -> Iterator[None]:
+def _starting(what: str, *, database: Path | str | None = None) -> Iterator[None]:
     """Turn what the system says about a step of the start into CannotStart("<what>: <why>");
     for a step that opens the database, a SQLite error says so, naming `database`."""
     try:
@@ -37,7 +43,7 @@ def _starting(what: str, *, database: Path | None = None) -> Iterator[None]:
     except sqlite3.Error as exc:
         if database is None:
             raise CannotStart(f"{what}: {exc}") from None
-        raise CannotStart(f"cannot open the database {database}: {exc}") from None
+        raise CannotStart(f"cannot open the database {backend.shown(database)}: {exc}") from None
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise CannotStart(f"{what}: {why}" + (f" ({exc.filename})" if exc.filename else "")) from None
@@ -96,12 +102,19 @@ def main(config_path: str | None = None) -> int:
     except FredicaError as exc:
         print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
-    lock = DatabaseLock(settings.database)
+    shared = backend.is_postgres(settings.database)
+    lock = None if shared else DatabaseLock(Path(settings.database))
     try:
         with _starting(f"cannot write the daemon log in {settings.log_dir}"):
             logs.configure(settings.daemon_log)
-        with _starting(f"cannot lock the database {settings.database}"):
-            lock.acquire()
+        if lock is not None:
+            with _starting(f"cannot lock the database {settings.database}"):
+                lock.acquire()
+        else:
+            from daemon import leases
+
+            with _starting("cannot take this supervisor's lease", database=settings.database):
+                leases.take(settings)
     except FredicaError as exc:
         print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
@@ -111,7 +124,8 @@ def main(config_path: str | None = None) -> int:
         print(f"fredica: {exc.message}", file=sys.stderr)
         return 1
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _children_skip_the_cli() -> None:
@@ -173,10 +187,11 @@ def _serve(settings: config.Settings) -> int:
         # Before recovery: a SIGTERM that arrives during it ends the daemon cleanly right after.
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        with _starting(f"startup recovery could not write the database {settings.database}"):
-            report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace)
+        with _starting(f"startup recovery could not write the database {backend.shown(settings.database)}"):
+            report = recovery.recover(supervisor.conn, now=time.time(), kill_grace=settings.cancel_grace,
+                                      supervisor=settings.name if supervisor.lease is not None else None)
         recovery.undo_interrupted(supervisor.registry, report.interrupted_tasks)
-        with _starting(f"re-routing waiting tasks could not write the database {settings.database}"):
+        with _starting(f"re-routing waiting tasks could not write the database {backend.shown(settings.database)}"):
             supervisor.reroute_waiting(time.time())  # after recovery: the tasks it put back too
 
         # Clients that connected during recovery are answered from now on: their requests must
@@ -191,8 +206,8 @@ def _serve(settings: config.Settings) -> int:
             f"ready: recovered {report.interrupted} interrupted and {report.requeued} claimed tasks; "
             + supervisor.summary()
         )
-        log.info("daemon_ready", pid=os.getpid(), socket=str(settings.socket), database=str(settings.database),
-                 max_workers=settings.max_workers)
+        log.info("daemon_ready", pid=os.getpid(), socket=str(settings.socket), database=backend.shown(settings.database),
+                 max_workers=settings.max_workers, supervisor=settings.name)
         supervisor.run()
     finally:
         if http is not None:

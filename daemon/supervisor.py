@@ -26,15 +26,16 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 import structlog
 
 from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes, pool, processes, queues, templates
+from daemon import leases, recovery
 from daemon.engine import cleaning, event_loops, executor_processes
 from daemon.engine.attempt import AHEAD, Attempt, Phase
 from daemon.engine.sending_ahead import SendsAhead
 from daemon.config import Settings
-from daemon.errors import InvalidTransition
+from daemon.errors import InvalidTransition, StaleAttempt
 from daemon.handoff import LoopHandoff
 from daemon.models import Task
 from daemon.notify import Notifier
-from daemon.store import db, runs, tasks
+from daemon.store import backend, db, runs, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import TaskSpec, check_executors
@@ -151,6 +152,8 @@ class Supervisor(SendsAhead):
         self.keep_finished = cleaning.KeepFinished(settings.keep_finished)
         self.io: LoopIO | None = None  # the control socket, when the loop drives it (`attach_io`)
         self._claims_left = False  # the last tick's claims stopped at CLAIMS_PER_TICK
+        # On a shared PostgreSQL queue, this supervisor's lease, and the rescue of others' (SPEC §16).
+        self.lease = leases.Lease(settings) if backend.is_postgres(settings.database) else None
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -241,6 +244,10 @@ class Supervisor(SendsAhead):
     def reroute_waiting(self, now: float) -> None:
         """At start, after recovery: move waiting tasks to the queues this config routes them to
         (their type's route changed, or the queue they named is gone); one line says how many."""
+        if self.lease is not None:
+            # A shared queue: each supervisor serves the queues its own config lists (SPEC §16),
+            # and the others' tasks are not this config's to move.
+            return
         moved = queue_store.reroute(self.conn, self.queues.routes, self.queues.names, queues.DEFAULT)
         if moved:
             log.info("tasks_rerouted", tasks=sum(moved.values()), to_queues=moved)
@@ -303,6 +310,9 @@ class Supervisor(SendsAhead):
             for loops in self.loops.values():
                 with contextlib.suppress(Exception):
                     loops.dismiss_all()
+            if self.lease is not None and self.exit_status == 0 and self.fault is None:
+                with contextlib.suppress(Exception):
+                    self.lease.release(self.conn)
             with contextlib.suppress(Exception):
                 self.conn.close()
             self._handoff.end()
@@ -383,6 +393,8 @@ class Supervisor(SendsAhead):
             return 0.0
         if self.fault is not None and (self.clock() if now is None else now) < self.fault.retry_at:
             return self._tick_without_writes(self.clock() if now is None else now)
+        if self.fault is not None and db.is_lost(self.conn) and not self._reconnect(self.clock() if now is None else now):
+            return self._tick_without_writes(self.clock() if now is None else now)
         answers: list[handoff.Answer] = []
         self._finished, self._dispatched, self._stops = [], [], []
         self._starts_recorded = []
@@ -426,7 +438,7 @@ class Supervisor(SendsAhead):
             log.warning("database_fault_ended", seconds=round(now - self.fault.since, 3),
                         retries=self.fault.failed_retries + 1)
             self.fault = None
-            self.conn.execute(f"PRAGMA busy_timeout = {int(db.BUSY_TIMEOUT * 1000)}")
+            db.set_busy_timeout(self.conn, db.BUSY_TIMEOUT)
         self._flush_outbox()
         return timeout
 
@@ -466,6 +478,8 @@ class Supervisor(SendsAhead):
         self._delayed_possible = True
         self.keep_finished.undo()
         self._next_heartbeat = 0.0
+        if self.lease is not None:
+            self.lease.rolled_back()
 
     def _on_database_fault(self, kind: faults.Kind, exc: BaseException, now: float) -> float:
         if kind is faults.Kind.CORRUPT:
@@ -476,13 +490,30 @@ class Supervisor(SendsAhead):
             self.database_faults += 1
             # A retry must not hold the loop for the whole busy timeout while another process
             # keeps the write lock: tasks still need watching between retries.
-            self.conn.execute(f"PRAGMA busy_timeout = {int(faults.RETRY_BUSY_TIMEOUT * 1000)}")
+            db.set_busy_timeout(self.conn, faults.RETRY_BUSY_TIMEOUT)
             log.error("database_fault", kind=kind.value, error=str(exc), running=len(self.running))
         else:
             self.fault.retry_failed(kind, exc, now)
         if self.notifier.enabled:
             self.notifier.tick(now, self.summary())
         return self._timeout_without_writes(now)
+
+    def _reconnect(self, now: float) -> bool:
+        """A lost connection (PostgreSQL's server restarted): a new session before the retry;
+        False, the retry counted as failed, while the server cannot be reached."""
+        try:
+            db.reconnect(self.conn)
+        except Exception as exc:
+            kind = faults.classify(exc)
+            if kind is None:
+                raise
+            assert self.fault is not None
+            self.fault.retry_failed(kind, exc, now)
+            return False
+        log.info("database_reconnected", after=round(now - self.fault.since, 3) if self.fault else None)
+        if self.lease is not None:
+            self.lease.reconnected(now)
+        return True
 
     def _tick_without_writes(self, now: float) -> float:
         """A tick while the database cannot be written: requests refused, running tasks watched
@@ -563,8 +594,13 @@ class Supervisor(SendsAhead):
         self._loops_due = [due for loops in self.loops.values() for due in loops.watch(now)]
         self._write_mirrors(now)
         if now >= self._next_heartbeat and self.running:
-            tasks.heartbeat(self.conn, list(self.running), now)
+            refs = [tasks.AttemptRef.of(rt.task) for rt in self.running.values()]
+            if tasks.heartbeat(self.conn, refs, now) < len(refs):
+                self._abandon_replaced(refs, now)
             self._next_heartbeat = now + self.settings.heartbeat_interval
+        if self.lease is not None:
+            for rescue in self.lease.tick(self.conn, now):
+                self._outbox.append(functools.partial(recovery.undo_interrupted, self.registry, rescue.interrupted))
         if self._shutdown_deadline is None:
             self._claim(now)
             self.idle.tick(now)
@@ -580,6 +616,14 @@ class Supervisor(SendsAhead):
             # took long, and the next ping must be spaced from when this one was sent.
             self.notifier.tick(self.clock(), self.summary())
         return self._next_timeout(now)
+
+    def _abandon_replaced(self, refs: Sequence[tasks.AttemptRef], now: float) -> None:
+        """Attempts of ours whose task row has moved on (rescued while this supervisor was taken
+        for dead, or cancelled from another host): their writes are refused, and they are told to
+        stop rather than work on for nothing."""
+        for task_id in tasks.not_current(self.conn, refs):
+            log.warning("attempt_no_longer_current", task_id=task_id, action="stopping it; its writes are ignored")
+            self._request_stop(task_id, "cancel", now)
 
     def _remove_finished(self, now: float) -> None:
         """A chunk of `keep_finished`'s pass, when one is due; its logs go after the commit."""
@@ -651,7 +695,8 @@ class Supervisor(SendsAhead):
                 free = min(self._free(queue, busy), budget.get(queue, 0))
                 if free <= 0:
                     continue
-                batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote)
+                batch = tasks.claim_ready(self.conn, now, free, queue=queue, promote_delayed=promote,
+                                          supervisor=self.settings.name)
                 budget[queue] -= len(batch)
                 promote = False
                 running_before = len(self.running)
@@ -673,6 +718,9 @@ class Supervisor(SendsAhead):
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
+            if isinstance(exc, StaleAttempt):  # claimed again elsewhere: neither ours to start nor to fail
+                log.warning("stale_attempt_write_ignored", task_id=task.id, write="start", error=exc.message)
+                return
             log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
             self.running.pop(task.id, None)
             error = "the supervisor could not dispatch the task"
@@ -699,6 +747,8 @@ class Supervisor(SendsAhead):
         deadlines += self._loops_due
         if self.keep_finished.next_at is not None and self._shutdown_deadline is None:
             deadlines.append(self.keep_finished.next_at)
+        if self.lease is not None:
+            deadlines.append(self.lease.next_at)
         if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()
@@ -847,11 +897,12 @@ class Supervisor(SendsAhead):
         attempts = [only] if only else list(self.running.values())
         dirty = [rt for rt in attempts if rt.mirror_dirty]
         if dirty:
-            tasks.record_pause_states(self.conn, [
-                (rt.task.id, rt.paused_since is not None, rt.pausable,
+            written = tasks.record_pause_states(self.conn, [
+                (tasks.AttemptRef.of(rt.task), rt.paused_since is not None, rt.pausable,
                  rt.shown_text(rt.last_progress[1] if rt.last_progress else None))
                 for rt in dirty
             ])
+            _note_stale(written, dirty, "pause_state")
             for rt in dirty:
                 rt.mirror_dirty = False
         due = [
@@ -861,7 +912,9 @@ class Supervisor(SendsAhead):
         ]
         if not due:
             return
-        tasks.record_progress(self.conn, [(rt.task.id, rt.progress[0], rt.shown_text(rt.progress[1])) for rt in due])
+        written = tasks.record_progress(
+            self.conn, [(tasks.AttemptRef.of(rt.task), rt.progress[0], rt.shown_text(rt.progress[1])) for rt in due])
+        _note_stale(written, due, "progress")
         for rt in due:
             rt.progress = None
             rt.progress_written_at = now
@@ -1042,3 +1095,10 @@ class Supervisor(SendsAhead):
         for task_id in list(self.running):
             self._request_stop(task_id, "shutdown", now)
 
+
+def _note_stale(written: int, attempts: Sequence[Attempt], write: str) -> None:
+    """Log the writes about attempts that are no longer their tasks' current ones (fenced out:
+    rescued while this supervisor was taken for dead), which changed nothing."""
+    if written < len(attempts):
+        log.warning("stale_attempt_write_ignored", write=write, ignored=len(attempts) - written,
+                    tasks=[rt.task.id for rt in attempts])

@@ -83,10 +83,27 @@ class Cluster:
         # --no-sync: nothing here must survive a crash; trust: only this directory's socket reaches it.
         self._run("initdb", "-D", str(self.data), "-U", SERVER_USER, "--auth=trust", "--no-sync",
                   "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions")
+        self.start_server()
+
+    def _options(self) -> str:
         options = " ".join(f"-c {key}={value}" for key, value in SETTINGS.items())
-        options += f" -c unix_socket_directories='{self.socket_dir}'"
+        return options + f" -c unix_socket_directories='{self.socket_dir}'"
+
+    def start_server(self) -> None:
+        """Start the server of the initialized cluster (again), waiting until it takes connections."""
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
-                  "-o", options, "start")
+                  "-o", self._options(), "start")
+
+    def stop_server(self) -> None:
+        """Stop the server, ending every session at once (`fast`: clients see their connection
+        closed, as in a restart); the data stays for `start_server`."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
+
+    def restart(self) -> None:
+        """Restart the server (`pg_ctl restart`): every client's session is ended, and connections
+        are taken again once it is back."""
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-m", "fast", "-w",
+                  "-t", "60", "-o", self._options(), "restart")
 
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):

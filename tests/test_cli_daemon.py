@@ -4,6 +4,7 @@ the installed command as a subprocess where the exit status of a whole process m
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,9 @@ def test_submit_show_ls_runs(daemon: Daemon, tmp_path: Path) -> None:
     assert TASK_COLUMNS <= set(shown)
     assert shown["payload"] == {"x": 1} and shown["priority"] == 3 and shown["material_id"] == "m1"
     assert shown["result"]["echo"] == {"x": 1}
+    # The one supervisor of a SQLite file names itself in what it claims, as on PostgreSQL (SPEC §16).
+    assert (shown["supervisor"], shown["attempt"]) == (socket.gethostname(), 1)
+    assert "supervisor:" in ok(daemon, "show", task_id)
     listed = as_json(daemon, "ls", "--status", "completed", "--type", "ECHO")
     assert task_id in {t["id"] for t in listed} and all(TASK_COLUMNS <= set(t) for t in listed)
     run_id = shown["workflow_run_id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -161,11 +162,28 @@ def test_a_queue_type_without_an_executor_is_refused() -> None:
     queues.check_task_types(configs, {"TRANSCODE_MP4", "NOPE"})  # known: accepted
 
 
-def test_a_postgresql_url_as_database_is_refused_until_the_daemon_runs_on_it() -> None:
+def test_a_postgresql_url_as_database_stays_a_url_and_names_the_supervisor() -> None:
     # Taken as a path, it started an SQLite queue in a directory named "postgresql:".
     for url in ("postgresql://localhost/fredica", "postgres://u@h/db"):
-        with pytest.raises(ConfigError, match="PostgreSQL URL is not supported by the daemon yet"):
-            config.from_mapping({"daemon": {"database": url}}, env=ENV)
+        settings = config.from_mapping({"daemon": {"database": url}}, env=ENV)
+        assert settings.database == url
+        assert settings.name == socket.gethostname() and settings.lease_timeout == 30.0
+        assert settings.token_file == config.Settings.defaults(ENV).database.parent / "http-token"
+    named = config.from_mapping({"daemon": {"database": "postgresql:///q", "name": "gpu-1", "lease_timeout": 4,
+                                            "heartbeat_interval": 1}}, env=ENV)
+    assert (named.name, named.lease_timeout, named.heartbeat_interval) == ("gpu-1", 4.0, 1.0)
+    assert isinstance(config.from_mapping({"daemon": {"database": "q.db"}}, env=ENV, source=Path("/c/x.toml")).database,
+                      Path)
+
+
+def test_a_heartbeat_no_shorter_than_the_lease_and_a_bad_name_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^\[daemon\] heartbeat_interval \(30\) must be less than lease_timeout \(30\)$"):
+        config.from_mapping({"daemon": {"heartbeat_interval": 30}}, env=ENV)
+    with pytest.raises(ConfigError, match=r"heartbeat_interval \(5\) must be less than lease_timeout \(2\)"):
+        config.from_mapping({"daemon": {"lease_timeout": 2}}, env=ENV)
+    for name in ("", " gpu", "a\nb", 3):
+        with pytest.raises(ConfigError, match=r"^\[daemon\] name must be"):
+            config.from_mapping({"daemon": {"name": name}}, env=ENV)
 
 
 def test_notify_is_a_switch_on_by_default() -> None:

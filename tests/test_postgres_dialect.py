@@ -21,6 +21,11 @@ from daemon.store.postgres.connection import translate  # noqa: E402
         ("BEGIN IMMEDIATE", "BEGIN"),
         ("SELECT min(x) FROM task INDEXED BY task_delayed WHERE a = 1", "SELECT min(x) FROM task WHERE a = 1"),
         ("INSERT OR IGNORE INTO d (a, b) VALUES (?, ?)", "INSERT INTO d (a, b) VALUES (%s, %s) ON CONFLICT DO NOTHING"),
+        # SQLite's "use no index of this column": PostgreSQL has no unary + for text.
+        ("SELECT id FROM task WHERE id IN (?) AND +status IN ('claimed')",
+         "SELECT id FROM task WHERE id IN (%s) AND status IN ('claimed')"),
+        ("UPDATE task SET attempt = attempt + 1, n = n +1 WHERE (+status = ?)",
+         "UPDATE task SET attempt = attempt + 1, n = n +1 WHERE (status = %s)"),
     ],
 )
 def test_statements_are_translated(sqlite: str, postgres: str) -> None:

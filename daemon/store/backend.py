@@ -7,6 +7,7 @@ a SQLite daemon and the CLI never pay for loading it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SQLITE = "sqlite"
@@ -17,6 +18,11 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 def is_postgres(database: str | Path) -> bool:
     """Whether `database` (a config value: a path or a URL) names a PostgreSQL database."""
     return isinstance(database, str) and database.startswith(POSTGRES_SCHEMES)
+
+
+def shown(database: str | Path) -> str:
+    """`database` as messages and logs show it: a URL without its password."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", str(database)) if is_postgres(database) else str(database)
 
 
 def of(conn: object) -> str:
@@ -36,3 +42,10 @@ def for_share(conn: object) -> str:
     writers are serialized already, and it has no such clause): for reads that a write in the
     same transaction depends on, such as the statuses of a submission's dependencies."""
     return " FOR SHARE" if of(conn) == POSTGRESQL else ""
+
+
+def for_update(conn: object) -> str:
+    """The clause that makes a SELECT lock the rows it reads for a write that follows, on
+    PostgreSQL: for a rescue or a start's recovery, which move one supervisor's tasks while
+    others run (SQLite's writers are serialized already)."""
+    return " FOR UPDATE" if of(conn) == POSTGRESQL else ""

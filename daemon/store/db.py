@@ -108,7 +108,8 @@ def connect(path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: floa
 
 def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     """A connection that can only read the database at `path` and leaves no file behind, for
-    reading it with no daemon running. FileNotFoundError when there is no database there.
+    reading it with no daemon running. FileNotFoundError when there is no database there. A
+    `postgresql://` URL: a read-only session of that database (DatabaseUnusable if unreachable).
 
     SQLite's `mode=ro` on a WAL database creates the -wal and -shm files when they are missing
     (the daemon's last connection deletes them as it closes), and a read-only connection cannot
@@ -117,6 +118,10 @@ def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -
     file. With a -wal (a daemon that was killed, or is starting) its commits must be read: then
     `mode=ro` reads them, through a -shm that SQLite creates if it is missing.
     """
+    if backend.is_postgres(path):
+        from daemon.store.postgres import connection  # only here: SQLite users never import psycopg
+
+        return connection.connect(str(path), read_only=True)  # type: ignore[return-value]
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(str(path))
@@ -128,22 +133,74 @@ def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -
     return conn
 
 
+def connect_reader(database: str | Path) -> sqlite3.Connection:
+    """A connection beside the loop's that never writes (`query_only`; on PostgreSQL a read-only
+    session), to a database the daemon has opened already."""
+    if backend.is_postgres(database):
+        from daemon.store.postgres import connection
+
+        return connection.connect(str(database), read_only=True)  # type: ignore[return-value]
+    conn = connect(database)
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def schema_version(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(the database's schema version, the latest this fredica knows), on either backend."""
+    if backend.of(conn) == backend.POSTGRESQL:
+        from daemon.store.postgres import migrations as postgres_migrations
+
+        return postgres_migrations.current_version(conn), postgres_migrations.LATEST  # type: ignore[arg-type]
+    return migrations.current_version(conn), migrations.LATEST
+
+
+def is_lost(conn: sqlite3.Connection) -> bool:
+    """Whether the connection's session is gone (a PostgreSQL server that restarted; a SQLite
+    file's connection never is)."""
+    return bool(getattr(conn, "broken", False))
+
+
+def reconnect(conn: sqlite3.Connection) -> None:
+    """A new session in place of a lost one, in the same connection object (PostgreSQL: see
+    `postgres.connection.PostgresConnection.reconnect`); nothing to do for a SQLite file."""
+    again = getattr(conn, "reconnect", None)
+    if again is not None:
+        again()
+
+
+def set_busy_timeout(conn: sqlite3.Connection, seconds: float) -> None:
+    """How long a write waits for another process's write lock (SQLite's; a PostgreSQL writer
+    waits for the rows it needs only, and keeps its server's settings)."""
+    if backend.of(conn) == backend.SQLITE:
+        conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
+
 class ThreadReaders:
-    """A read-only connection (`query_only`) to the daemon's database for each thread that calls:
-    the readers beside the loop (request handlers, the web page's reads, /metrics) never write,
-    and a connection stays on the thread that made it."""
+    """A read-only connection (`connect_reader`) to the daemon's database for each thread that
+    calls: the readers beside the loop (request handlers, the web page's reads, /metrics) never
+    write, and a connection stays on the thread that made it. One whose session was lost (a
+    PostgreSQL restart) is opened again at the next call."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = path
         self._local = threading.local()
 
     def __call__(self) -> sqlite3.Connection:
+        """This thread's connection (a new one if its session was lost)."""
         conn = getattr(self._local, "conn", None)
+        if conn is not None and is_lost(conn):
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
         if conn is None:
-            conn = connect(self.path)
-            conn.execute("PRAGMA query_only = ON")
+            conn = connect_reader(self.path)
             self._local.conn = conn
         return conn
+
+    def lost(self) -> bool:
+        """Whether this thread's connection has lost its session (the next call opens another)."""
+        conn = getattr(self._local, "conn", None)
+        return conn is not None and is_lost(conn)
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:

@@ -261,9 +261,37 @@ HELD_TASKS = Migration(
     ),
 )
 
+# 10: supervisors and their leases (SPEC §16). A task's row names the supervisor that claimed it
+# (`supervisor`, kept after it ends) and counts its claims (`attempt`): every write about an
+# attempt names both, so that a late write from a supervisor presumed dead, whose task was
+# rescued and claimed again, changes nothing. `supervisor` holds one row per live supervisor of a
+# shared (PostgreSQL) database, its lease renewed with the database's clock; on SQLite the one
+# daemon is its file lock's owner, and the table stays empty. The partial index finds one
+# supervisor's tasks in flight (a rescue, a start's recovery) without reading the others'.
+SUPERVISORS = Migration(
+    10,
+    "supervisors, their leases, and the claimer and attempt of each task",
+    (
+        """
+        CREATE TABLE supervisor (
+            name TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            pid_started_at REAL,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            lease_timeout REAL NOT NULL
+        )
+        """,
+        "ALTER TABLE task ADD COLUMN supervisor TEXT",
+        "ALTER TABLE task ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX task_in_flight_by_supervisor ON task(supervisor) WHERE status IN ('claimed', 'running')",
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
-    HELD_TASKS,
+    HELD_TASKS, SUPERVISORS,
 )
 LATEST = MIGRATIONS[-1].version
 

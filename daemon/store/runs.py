@@ -17,6 +17,7 @@ from typing import Iterable
 from daemon import scheduler
 from daemon.errors import UnknownRun
 from daemon.models import RunCounts, RunStatus, TaskStatus, WorkflowRun
+from daemon.store import backend
 from daemon.store.db import write
 
 COUNT_COLUMN = {
@@ -240,6 +241,15 @@ def _apply_counts(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts,
         run, counts=counts, status=status, total_tasks=counts.total, done_tasks=counts.completed,
         completed_at=completed_at,
     )
+
+
+def lock_counters(conn: sqlite3.Connection) -> None:
+    """Inside a transaction, on PostgreSQL: keep other supervisors from moving any run's counters
+    until it ends (they read on), so that `reconcile_non_terminal` counts tasks that stay as
+    counted. Before the transaction locks any task row: a supervisor that holds one and waits for
+    a run's row must not be waited for in turn. SQLite's writers are serialized already."""
+    if backend.of(conn) == backend.POSTGRESQL:
+        conn.execute("LOCK TABLE workflow_run IN EXCLUSIVE MODE")
 
 
 def reconcile_non_terminal(conn: sqlite3.Connection, now: float) -> list[WorkflowRun]:

@@ -11,7 +11,7 @@ Each migration that changes the schema changes this file in the same commit, and
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 SQLITE: tuple[str, ...] = (
     """
@@ -65,7 +65,9 @@ SQLITE: tuple[str, ...] = (
         payload_refs INTEGER NOT NULL DEFAULT 0,
         queue TEXT NOT NULL DEFAULT 'default',
         queue_explicit INTEGER NOT NULL DEFAULT 0,
-        is_held INTEGER NOT NULL DEFAULT 0
+        is_held INTEGER NOT NULL DEFAULT 0,
+        supervisor TEXT,
+        attempt INTEGER NOT NULL DEFAULT 0
     )
     """,
     """
@@ -94,6 +96,17 @@ SQLITE: tuple[str, ...] = (
     """,
     "CREATE TABLE boot (boot_id TEXT PRIMARY KEY, boot_time REAL NOT NULL)",
     "CREATE TABLE queue_state (name TEXT PRIMARY KEY, paused INTEGER NOT NULL, changed_at REAL NOT NULL)",
+    """
+    CREATE TABLE supervisor (
+        name TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        pid_started_at REAL,
+        started_at REAL NOT NULL,
+        heartbeat_at REAL NOT NULL,
+        lease_timeout REAL NOT NULL
+    )
+    """,
     "CREATE INDEX task_by_run ON task(workflow_run_id, status)",
     "CREATE INDEX task_by_status ON task(status)",
     "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
@@ -110,6 +123,7 @@ SQLITE: tuple[str, ...] = (
     "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
     "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
     "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
+    "CREATE INDEX task_in_flight_by_supervisor ON task(supervisor) WHERE status IN ('claimed', 'running')",
 )
 
 POSTGRESQL: tuple[str, ...] = (
@@ -166,7 +180,9 @@ POSTGRESQL: tuple[str, ...] = (
         payload_refs INTEGER NOT NULL DEFAULT 0,
         queue TEXT NOT NULL DEFAULT 'default',
         queue_explicit INTEGER NOT NULL DEFAULT 0,
-        is_held INTEGER NOT NULL DEFAULT 0
+        is_held INTEGER NOT NULL DEFAULT 0,
+        supervisor TEXT,
+        attempt INTEGER NOT NULL DEFAULT 0
     )
     """,
     """
@@ -195,6 +211,17 @@ POSTGRESQL: tuple[str, ...] = (
     """,
     "CREATE TABLE boot (boot_id TEXT PRIMARY KEY, boot_time DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE queue_state (name TEXT PRIMARY KEY, paused INTEGER NOT NULL, changed_at DOUBLE PRECISION NOT NULL)",
+    """
+    CREATE TABLE supervisor (
+        name TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        pid_started_at DOUBLE PRECISION,
+        started_at DOUBLE PRECISION NOT NULL,
+        heartbeat_at DOUBLE PRECISION NOT NULL,
+        lease_timeout DOUBLE PRECISION NOT NULL
+    )
+    """,
     "CREATE INDEX task_by_run ON task(workflow_run_id, status)",
     "CREATE INDEX task_by_status ON task(status)",
     "CREATE INDEX task_ready ON task(queue, priority DESC, seq)"
@@ -211,4 +238,5 @@ POSTGRESQL: tuple[str, ...] = (
     "CREATE INDEX task_dependency_by_task ON task_dependency(task_seq)",
     "CREATE INDEX workflow_run_finished ON workflow_run(completed_at) WHERE completed_at IS NOT NULL",
     "CREATE INDEX task_held ON task(seq) WHERE status = 'pending' AND is_held = 1",
+    "CREATE INDEX task_in_flight_by_supervisor ON task(supervisor) WHERE status IN ('claimed', 'running')",
 )

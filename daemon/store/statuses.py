@@ -30,3 +30,4 @@ CLAIMED = literal(TaskStatus.CLAIMED)
 RUNNING = literal(TaskStatus.RUNNING)
 ACTIVE = literals(ACTIVE_STATUSES)  # 'pending', 'claimed', 'running'
 WAITING = literals(WAITING_STATUSES)  # 'pending', 'claimed': not started yet
+IN_FLIGHT = literals((TaskStatus.CLAIMED, TaskStatus.RUNNING))  # a supervisor's: what its death leaves

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from daemon import models
-from daemon.errors import InvalidTransition, UnknownRun, UnknownTask
+from daemon.errors import InvalidTransition, StaleAttempt, UnknownRun, UnknownTask
 from daemon.models import Task, TaskStatus
 from daemon.store import backend, runs, statuses, submissions
 from daemon.store.postgres import claim as postgres_claim
@@ -35,8 +35,31 @@ TRANSITION_FIELDS = frozenset(
         "executor_started_at",
         "is_pausable",
         "is_held",
+        "supervisor",
     }
 )
+
+
+class AttemptRef(NamedTuple):
+    """Which attempt of a task a write is about: the supervisor that claimed it and its claim
+    count (`attempt`). A write so named is applied only while that attempt is the task's current
+    one: a late write from a supervisor presumed dead, whose task was rescued and claimed again,
+    changes nothing (SPEC §16). Given a bare task id instead, a write applies to whichever
+    attempt runs (a user's request)."""
+
+    task_id: str
+    supervisor: str | None
+    attempt: int
+
+    @classmethod
+    def of(cls, task: Task) -> "AttemptRef":
+        return cls(task.id, task.supervisor, task.attempt)
+
+
+# Appended to a guarded UPDATE's WHERE: the row is still at the attempt the write names.
+# COALESCE: a task claimed with no supervisor named (the store's own tests) is fenced by ''.
+_FENCE = "COALESCE(supervisor, '') = :fence_supervisor AND attempt = :fence_attempt"
+_FENCE_QMARK = "COALESCE(supervisor, '') = ? AND attempt = ?"
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -145,13 +168,16 @@ def _transition(
     fields: Mapping[str, Any] | None = None,
     cascade: bool = True,
     snapshots: bool = True,
+    fence: AttemptRef | None = None,
 ) -> list[Task]:
     """Move the given task rows (seq, id, status, workflow_run_id) to `target`; all or nothing.
 
     Each row's status must be an allowed source of `target` (SPEC §3), and the UPDATE re-checks it,
     so a row that changed under us makes the whole call fail rather than half-apply. Returns the
     updated tasks, or nothing with `snapshots=False` (a cascade over 100,000 tasks would otherwise
-    read back and parse every row it just wrote).
+    read back and parse every row it just wrote). `fence` (one row): the UPDATE also re-checks
+    that the row is at that attempt, else StaleAttempt. A claim names its supervisor in
+    `fields` and counts one more attempt.
     """
     fields = dict(fields or {})
     unexpected = set(fields) - TRANSITION_FIELDS
@@ -169,6 +195,7 @@ def _transition(
     raw: dict[str, str] = {}
     if target is TaskStatus.CLAIMED:
         assignments["claimed_at"] = now
+        raw["attempt"] = "attempt + 1"
     elif target is TaskStatus.RUNNING:
         raw["started_at"] = "COALESCE(started_at, :now)"
         assignments["heartbeat_at"] = now
@@ -194,6 +221,11 @@ def _transition(
         read_in.setdefault(row["status"], []).append(row["seq"])
     chunks = [(status, group[i : i + 500]) for status, group in read_in.items() for i in range(0, len(group), 500)]
     params = {**assignments, "now": now}
+    fenced = ""
+    if fence is not None:
+        assert len(rows) == 1, "an attempt's fence names one task"
+        fenced = f" AND {_FENCE}"
+        params.update(fence_supervisor=fence.supervisor or "", fence_attempt=fence.attempt)
     updated: list[Task] = []
     changed = 0
     returning = " RETURNING *" if snapshots else ""
@@ -201,7 +233,7 @@ def _transition(
         marks = ", ".join(f":s{i}" for i in range(len(chunk)))
         params_chunk = {**params, **{f"s{i}": seq for i, seq in enumerate(chunk)}}
         cursor = conn.execute(
-            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status = '{status}'{returning}",
+            f"UPDATE task SET {set_sql} WHERE seq IN ({marks}) AND status = '{status}'{fenced}{returning}",
             params_chunk,
         )
         if snapshots:
@@ -213,6 +245,8 @@ def _transition(
     if changed != len(rows):
         # The guard caught a row whose status moved since it was read: undo by failing the caller's
         # transaction (every caller runs inside `write`).
+        if fence is not None:
+            _refuse_stale(conn, fence, target)
         raise InvalidTransition(rows[0]["id"], str(rows[0]["status"]), target.value,
                                 "a task changed status while it was being updated")
 
@@ -224,6 +258,18 @@ def _transition(
     elif target in (TaskStatus.FAILED, TaskStatus.CANCELLED) and cascade:
         _cascade_cancel(conn, rows, now)
     return updated
+
+
+def _refuse_stale(conn: sqlite3.Connection, fence: AttemptRef, target: TaskStatus) -> None:
+    """StaleAttempt if the task has moved on to another attempt than `fence` names (else the
+    caller reports the status that changed)."""
+    row = conn.execute("SELECT supervisor, attempt FROM task WHERE id = ?", (fence.task_id,)).fetchone()
+    if row is not None and ((row["supervisor"] or "") != (fence.supervisor or "") or row["attempt"] != fence.attempt):
+        raise StaleAttempt(
+            fence.task_id, None, target.value,
+            f"task {fence.task_id}: attempt {fence.attempt} of supervisor {fence.supervisor or '-'} is no longer "
+            f"its current one (attempt {row['attempt']} of {row['supervisor'] or '-'}): nothing was written",
+        )
 
 
 def _result_json(result: Any) -> str:
@@ -298,20 +344,24 @@ def transition(
     """Move one task to `target` if SPEC §3 allows it from its current status (and it is in `expect`).
 
     `known` is a snapshot of the task the caller holds (the supervisor, for the tasks it runs): it
-    saves reading the row first. A stale snapshot is harmless, since the UPDATE re-checks the
-    status it names. Raises UnknownTask or InvalidTransition and changes nothing when refused.
+    saves reading the row first, and fences the write to the attempt it names (`AttemptRef`). A
+    snapshot of another status is harmless, since the UPDATE re-checks the status it names; one of
+    another attempt is refused (StaleAttempt). Raises UnknownTask or InvalidTransition and changes
+    nothing when refused.
     """
     with write(conn):
+        fence = None
         if known is not None and known.id == task_id:
             row: Mapping[str, Any] = {
                 "seq": known.seq, "id": known.id, "status": known.status.value,
                 "workflow_run_id": known.workflow_run_id,
             }
+            fence = AttemptRef.of(known)
         else:
             row = _current(conn, task_id)
         if expect is not None and TaskStatus(row["status"]) not in set(expect):
             raise InvalidTransition(task_id, row["status"], target.value)
-        return _transition(conn, [row], target, now=now, fields=fields)[0]
+        return _transition(conn, [row], target, now=now, fields=fields, fence=fence)[0]
 
 
 def submit(
@@ -345,7 +395,8 @@ def submit(
 
 
 def claim_ready(
-    conn: sqlite3.Connection, now: float, limit: int, *, queue: str = "default", promote_delayed: bool = True
+    conn: sqlite3.Connection, now: float, limit: int, *, queue: str = "default", promote_delayed: bool = True,
+    supervisor: str | None = None,
 ) -> list[Task]:
     """Claim up to `limit` ready tasks of `queue`, in the order they come (priority, then
     submission order): a lookup in the ready index by queue, whatever other queues hold.
@@ -357,7 +408,8 @@ def claim_ready(
 
     On PostgreSQL, where several supervisors claim at once, the read locks the rows it takes and
     passes over those another claimer holds (`FOR UPDATE SKIP LOCKED`): the guarded UPDATE that
-    follows then finds them as read, and no two claimers take one task.
+    follows then finds them as read, and no two claimers take one task. Each claimed row names
+    `supervisor` and counts one more attempt (the fence of that attempt's writes, `AttemptRef`).
     """
     if limit <= 0:
         return []
@@ -384,7 +436,8 @@ def claim_ready(
         ).fetchall()
         if not rows:
             return []
-        by_id = {task.id: task for task in _transition(conn, rows, TaskStatus.CLAIMED, now=now)}
+        by_id = {task.id: task for task in _transition(conn, rows, TaskStatus.CLAIMED, now=now,
+                                                       fields={"supervisor": supervisor})}
     return [by_id[row["id"]] for row in rows]  # RETURNING gives no order: keep the claim's
 
 
@@ -567,54 +620,77 @@ def cancel_waiting(
 
 
 # --- updates of a running task that do not change its status ------------------------------------
+# Each names the task by id (whichever attempt runs it: a user's request, the store's tests) or by
+# `AttemptRef` (only that attempt: the supervisor's writes about the attempts it runs). A write
+# that matches no row changes nothing; each returns how many it wrote, for its caller to log the
+# rest.
 
 
-def _update_running(conn: sqlite3.Connection, task_id: str, sql: str, params: Sequence[Any]) -> bool:
+def _by_attempt(items: Sequence[tuple[Any, ...]], sql: str) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The statements (`sql` with its WHERE completed) and their parameter rows for `items`, each
+    (task id or AttemptRef, *values): an AttemptRef's row is fenced to its attempt."""
+    plain, fenced = [], []
+    for target, *values in items:
+        if isinstance(target, AttemptRef):
+            fenced.append((*values, target.task_id, target.supervisor or "", target.attempt))
+        else:
+            plain.append((*values, target))
+    where = f" WHERE id = ? AND status = {statuses.RUNNING}"
+    return [(statement, batch) for statement, batch in (
+        (sql + where, plain), (sql + where + f" AND {_FENCE_QMARK}", fenced)) if batch]
+
+
+def _update_running(conn: sqlite3.Connection, items: Sequence[tuple[Any, ...]], sql: str) -> int:
     with write(conn):
-        cursor = conn.execute(f"UPDATE task SET {sql} WHERE id = ? AND status = {statuses.RUNNING}", (*params, task_id))
-        return cursor.rowcount == 1
+        return sum(conn.executemany(statement, batch).rowcount for statement, batch in _by_attempt(items, sql))
 
 
-def set_paused(conn: sqlite3.Connection, task_id: str, paused: bool) -> bool:
-    """Record that a running task is paused or not; False if it is not running."""
-    return _update_running(conn, task_id, "is_paused = ?", (int(paused),))
+def set_paused(conn: sqlite3.Connection, task: str | AttemptRef, paused: bool) -> bool:
+    """Record that a running task is paused or not; False if it is not running (at that attempt)."""
+    return _update_running(conn, [(task, int(paused))], "UPDATE task SET is_paused = ?") == 1
 
 
-def set_pausable(conn: sqlite3.Connection, task_id: str, pausable: bool) -> bool:
-    """Record whether a running task can be paused; False if it is not running."""
-    return _update_running(conn, task_id, "is_pausable = ?", (int(pausable),))
+def set_pausable(conn: sqlite3.Connection, task: str | AttemptRef, pausable: bool) -> bool:
+    """Record whether a running task can be paused; False if it is not running (at that attempt)."""
+    return _update_running(conn, [(task, int(pausable))], "UPDATE task SET is_pausable = ?") == 1
 
 
-def record_pause_states(conn: sqlite3.Connection, states: Sequence[tuple[str, bool, bool, str | None]]) -> None:
-    """Record (task id, is_paused, is_pausable, status text) of running tasks as the supervisor
-    knows them (the text: why it is paused, or its executor's own); tasks no longer running are
-    left alone."""
-    with write(conn):
-        conn.executemany(
-            f"""UPDATE task SET is_paused = ?, is_pausable = ?, status_text = ?
-               WHERE id = ? AND status = {statuses.RUNNING}""",
-            [(int(paused), int(pausable), text, task_id) for task_id, paused, pausable, text in states],
-        )
+def record_pause_states(
+    conn: sqlite3.Connection, states: Sequence[tuple[str | AttemptRef, bool, bool, str | None]]
+) -> int:
+    """Record (task, is_paused, is_pausable, status text) of running tasks as the supervisor
+    knows them (the text: why it is paused, or its executor's own); tasks no longer running (at
+    that attempt) are left alone. How many were written."""
+    return _update_running(
+        conn, [(task, int(paused), int(pausable), text) for task, paused, pausable, text in states],
+        "UPDATE task SET is_paused = ?, is_pausable = ?, status_text = ?",
+    )
 
 
-def heartbeat(conn: sqlite3.Connection, task_ids: Sequence[str], now: float) -> None:
-    """Stamp `heartbeat_at` of running tasks whose executors are alive."""
-    with write(conn):
-        conn.executemany(
-            f"UPDATE task SET heartbeat_at = ? WHERE id = ? AND status = {statuses.RUNNING}",
-            [(now, task_id) for task_id in task_ids],
-        )
+def heartbeat(conn: sqlite3.Connection, running: Sequence[str | AttemptRef], now: float) -> int:
+    """Stamp `heartbeat_at` of running tasks whose executors are alive; how many were stamped."""
+    return _update_running(conn, [(task, now) for task in running], "UPDATE task SET heartbeat_at = ?")
 
 
-def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, str | None]]) -> int:
+def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str | AttemptRef, int, str | None]]) -> int:
     """Record progress (clamped to 0-100) of several running tasks in one transaction; returns
     how many were running (others are left alone)."""
-    with write(conn):
-        return conn.executemany(
-            f"""UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)
-               WHERE id = ? AND status = {statuses.RUNNING}""",
-            [(max(0, min(100, int(p))), text, task_id) for task_id, p, text in updates],
-        ).rowcount
+    return _update_running(
+        conn, [(task, max(0, min(100, int(p))), text) for task, p, text in updates],
+        "UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)",
+    )
+
+
+def not_current(conn: sqlite3.Connection, refs: Sequence[AttemptRef]) -> list[str]:
+    """The ids of those of `refs` whose task is no longer running at that attempt."""
+    if not refs:
+        return []
+    found = {row["id"]: row for row in conn.execute(
+        f"SELECT id, status, supervisor, attempt FROM task WHERE id IN ({', '.join('?' * len(refs))})",
+        [ref.task_id for ref in refs])}
+    return [ref.task_id for ref in refs
+            if (row := found.get(ref.task_id)) is None or row["status"] != TaskStatus.RUNNING.value
+            or (row["supervisor"] or "") != (ref.supervisor or "") or row["attempt"] != ref.attempt]
 
 
 # --- startup recovery (SPEC §9) -----------------------------------------------------------------
@@ -622,25 +698,51 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str, int, 
 
 def _rows(conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
     return conn.execute(
-        f"SELECT seq, id, status, workflow_run_id FROM task WHERE {where} ORDER BY seq", params
+        f"SELECT seq, id, status, workflow_run_id FROM task WHERE {where} ORDER BY seq{backend.for_update(conn)}", params
     ).fetchall()
 
 
-def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
-    """Every `running` task → failed (INTERRUPTED): its outcome is unknown after a crash. So is
-    that of a `claimed` task with a recorded executor process: it was sent ahead (prefetch,
-    SPEC §15) to a process that may have started it."""
+def owned_by(supervisor: str | None, *, unnamed: bool = False) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its parameters) that keeps the tasks claimed by `supervisor` (None:
+    by anyone, the one daemon of a SQLite file); `unnamed`: and those that name no supervisor,
+    claimed before supervisors were named (schema 10): a start's recovery takes them."""
+    if supervisor is None:
+        return "1 = 1", []
+    if unnamed:
+        return "(supervisor = ? OR supervisor IS NULL)", [supervisor]
+    return "supervisor = ?", [supervisor]
+
+
+def in_flight(
+    conn: sqlite3.Connection, *, supervisor: str | None = None, unnamed: bool = False, lock: bool = False
+) -> list[Task]:
+    """The `running` and `claimed` tasks of `supervisor` (`owned_by`), in submission order: what
+    a start's recovery, or a rescue, finds left in flight. `lock`: their rows locked until the
+    transaction ends, on PostgreSQL (a rescue's, which moves them next)."""
+    where, params = owned_by(supervisor, unnamed=unnamed)
+    locked = backend.for_update(conn) if lock else ""
+    return [Task.from_row(row) for row in conn.execute(
+        f"SELECT * FROM task WHERE status IN ({statuses.IN_FLIGHT}) AND {where} ORDER BY seq{locked}", params)]
+
+
+def fail_interrupted(
+    conn: sqlite3.Connection, *, now: float, supervisor: str | None = None, unnamed: bool = False
+) -> list[Task]:
+    """Every `running` task (of `supervisor`: `owned_by`) → failed (INTERRUPTED): its outcome is
+    unknown after a crash. So is that of a `claimed` task with a recorded executor process: it was
+    sent ahead (prefetch, SPEC §15) to a process that may have started it."""
+    where, params = owned_by(supervisor, unnamed=unnamed)
     with write(conn):
         failed = _transition(
             conn,
-            _rows(conn, f"status = {statuses.RUNNING}"),
+            _rows(conn, f"status = {statuses.RUNNING} AND {where}", params),
             TaskStatus.FAILED,
             now=now,
             fields={"error": "interrupted: the supervisor stopped while the task ran", "error_type": models.INTERRUPTED},
         )
         return failed + _transition(
             conn,
-            _rows(conn, f"status = {statuses.CLAIMED} AND executor_pid IS NOT NULL"),
+            _rows(conn, f"status = {statuses.CLAIMED} AND executor_pid IS NOT NULL AND {where}", params),
             TaskStatus.FAILED,
             now=now,
             fields={"error": "interrupted: the supervisor stopped while the task was sent ahead to its executor "
@@ -648,10 +750,15 @@ def fail_interrupted(conn: sqlite3.Connection, *, now: float) -> list[Task]:
         )
 
 
-def requeue_claimed(conn: sqlite3.Connection, *, now: float) -> list[Task]:
-    """Every `claimed` task → pending: it never started, so it can safely run again."""
+def requeue_claimed(
+    conn: sqlite3.Connection, *, now: float, supervisor: str | None = None, unnamed: bool = False
+) -> list[Task]:
+    """Every `claimed` task (of `supervisor`: `owned_by`) → pending: it never started, so it can
+    safely run again."""
+    where, params = owned_by(supervisor, unnamed=unnamed)
     with write(conn):
-        return _transition(conn, _rows(conn, f"status = {statuses.CLAIMED}"), TaskStatus.PENDING, now=now)
+        return _transition(conn, _rows(conn, f"status = {statuses.CLAIMED} AND {where}", params), TaskStatus.PENDING,
+                           now=now)
 
 
 def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:

@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import structlog
 
+from daemon import paths
 from daemon.errors import CannotStart
 
 log = structlog.get_logger("fredica.http")
@@ -39,6 +40,9 @@ def load_or_create_token(path: Path) -> str:
     """The token kept in `path`, created there (0600, from `secrets`) if there is none yet;
     CannotStart naming the file if it cannot be read or written."""
     try:
+        # Beside a SQLite database its directory exists; a PostgreSQL queue's default is the
+        # state directory, which nothing else may have made on this host.
+        paths.private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return read_token(path)

@@ -116,8 +116,7 @@ class TaskChanges:
     # --- the producer (its own thread) --------------------------------------------------------------
 
     def _run(self) -> None:
-        conn = db.connect(self.database)
-        conn.execute("PRAGMA query_only = ON")
+        conn = db.connect_reader(self.database)
         try:
             self._last_seq = live.last_seq(conn)
             seen_commits = -1
@@ -129,6 +128,8 @@ class TaskChanges:
                     continue
                 seen_commits = commits
                 try:
+                    if db.is_lost(conn):  # a PostgreSQL restart: a new session, or the same error again
+                        db.reconnect(conn)
                     changes = self.look(conn, time.monotonic())
                 except sqlite3.Error as exc:  # a fault the loop deals with; the page waits
                     if isinstance(exc, sqlite3.DatabaseError) and self.report_corruption is not None:

@@ -25,7 +25,10 @@ Each statement text is translated once (cached) from the store's dialect to Post
   named `value` too.
 
 Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
-hierarchies): an `IntegrityError` on a unique index means the same on both backends.
+hierarchies): an `IntegrityError` on a unique index means the same on both backends. Each keeps
+its SQLSTATE (`.sqlstate`), by which `daemon.faults` tells what it means for the daemon; an error
+on a connection the server has closed (a restart) says `CONNECTION_LOST`, and `reconnect` then
+opens a new session in the same object, so that whatever holds it goes on with it.
 
 psycopg is imported here (and by `wakeups.Listener` when one is made) only: a SQLite-only daemon
 and `fredica status` never pay for it.
@@ -33,6 +36,7 @@ and `fredica status` never pay for it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sqlite3
@@ -48,7 +52,9 @@ from daemon.store import backend, db
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
-_UNARY_PLUS = re.compile(r"\b(WHERE|AND|OR|ON)\s+\+(?=[A-Za-z_])", re.IGNORECASE)
+# A `+` right before a name, opening a condition (after WHERE, AND, OR, ON or a parenthesis): never
+# arithmetic, which has an operand on its left.
+_UNARY_PLUS = re.compile(r"(\b(?:WHERE|AND|OR|ON)\s+|\()\+(?=[A-Za-z_])", re.IGNORECASE)
 _JSON_EACH = re.compile(r"\bjson_each\(\s*\?\s*\)", re.IGNORECASE)
 
 
@@ -58,7 +64,7 @@ def translate(sql: str) -> str:
     if _BEGIN_IMMEDIATE.match(sql):
         return "BEGIN"
     sql = _INDEXED_BY.sub("", sql)
-    sql = _UNARY_PLUS.sub(r"\1 ", sql)
+    sql = _UNARY_PLUS.sub(r"\1", sql)
     sql = _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
@@ -135,8 +141,16 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
     return lambda values: Row(values, index)
 
 
-def _as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
+# SQLSTATE connection_failure: what an error on a lost connection says when psycopg gives none
+# ("the connection is closed", after the server ended the session).
+CONNECTION_LOST = "08006"
+
+
+def _as_sqlite_error(exc: psycopg.Error, raw: psycopg.Connection[Any] | None = None) -> sqlite3.Error:
     """The store's exception class for a psycopg one, keeping its message (and SQLSTATE)."""
+    sqlstate = exc.sqlstate
+    if sqlstate is None and raw is not None and (raw.broken or raw.closed):
+        sqlstate = CONNECTION_LOST
     kind: type[sqlite3.Error]
     if isinstance(exc, psycopg.IntegrityError):
         kind = sqlite3.IntegrityError
@@ -146,8 +160,8 @@ def _as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
         kind = sqlite3.ProgrammingError
     else:
         kind = sqlite3.DatabaseError
-    error = kind(f"{exc} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else str(exc))
-    error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
+    error = kind(f"{_first_line(exc)} (SQLSTATE {sqlstate})" if sqlstate else str(exc))
+    error.sqlstate = sqlstate  # type: ignore[attr-defined]
     return error
 
 
@@ -161,7 +175,7 @@ class PostgresConnection:
 
     backend = backend.POSTGRESQL
 
-    def __init__(self, raw: psycopg.Connection[Any], url: str) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], url: str, *, read_only: bool = False) -> None:
         self.raw = raw
         self.url = url
         self.deferred: db.Deferred | None = None  # as `db.StoreConnection`'s
@@ -169,10 +183,28 @@ class PostgresConnection:
         # this transaction has queued one already, so that it queues one however many it makes.
         self.notify_wakeups = True
         self.wakeup_queued = False
+        self.read_only = read_only
 
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    @property
+    def broken(self) -> bool:
+        """Whether the session is lost (the server restarted, or the network dropped it)."""
+        return self.raw.broken or self.raw.closed
+
+    def reconnect(self) -> None:
+        """A new session in place of this one; a `CONNECTION_LOST` OperationalError while the
+        server cannot be reached."""
+        with contextlib.suppress(psycopg.Error):
+            self.raw.close()
+        try:
+            self.raw = _raw_connection(self.url, self.read_only, connect_timeout=RECONNECT_TIMEOUT)
+        except psycopg.Error as exc:
+            error = sqlite3.OperationalError(f"cannot reach the database: {_first_line(exc)}")
+            error.sqlstate = exc.sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
+            raise error from exc
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
         deferred = self.deferred
@@ -183,7 +215,7 @@ class PostgresConnection:
         try:
             cursor = self.raw.execute(translate(sql), params or None)
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc) from exc
+            raise _as_sqlite_error(exc, self.raw) from exc
         if deferred is not None and deferred.pending:
             db.after(deferred, sql)
         return cursor
@@ -192,11 +224,11 @@ class PostgresConnection:
         deferred = self.deferred
         if deferred is not None and deferred.pending:
             db.before(self, deferred, sql)
-        cursor = self.raw.cursor()
         try:
+            cursor = self.raw.cursor()
             cursor.executemany(translate(sql), list(seq_of_params))
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc) from exc
+            raise _as_sqlite_error(exc, self.raw) from exc
         return cursor
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
@@ -212,7 +244,7 @@ class PostgresConnection:
                     copy.write_row(row)
                     written += 1
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc) from exc
+            raise _as_sqlite_error(exc, self.raw) from exc
         return written
 
     def close(self) -> None:
@@ -225,14 +257,26 @@ class PostgresConnection:
         self.close()
 
 
-def connect(url: str) -> PostgresConnection:
-    """A connection to the database at `url`, schema untouched. DatabaseUnusable when it cannot
-    be reached."""
+# Seconds a reconnection waits for the server: the loop keeps watching its tasks between tries.
+RECONNECT_TIMEOUT = 2
+
+
+def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connection[Any]:
+    raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **options)
+    if read_only:
+        raw.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+    return raw
+
+
+def connect(url: str, *, read_only: bool = False) -> PostgresConnection:
+    """A connection to the database at `url`, schema untouched (`read_only`: one that refuses
+    every write, for the readers beside the loop and the CLI's reads with no daemon).
+    DatabaseUnusable when it cannot be reached."""
     try:
-        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
+        raw = _raw_connection(url, read_only)
     except psycopg.Error as exc:
-        raise DatabaseUnusable(f"cannot connect to the database {shown(url)}: {_first_line(exc)}") from None
-    return PostgresConnection(raw, url)
+        raise DatabaseUnusable(f"cannot connect to the database {backend.shown(url)}: {_first_line(exc)}") from None
+    return PostgresConnection(raw, url, read_only=read_only)
 
 
 def open_database(url: str) -> PostgresConnection:
@@ -246,11 +290,6 @@ def open_database(url: str) -> PostgresConnection:
         conn.close()
         raise
     return conn
-
-
-def shown(url: str) -> str:
-    """`url` without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from daemon.errors import CopyRefused
-from daemon.store import migrations as sqlite_migrations
+from daemon.store import migrations as sqlite_migrations, statuses
 
 if TYPE_CHECKING:
     from daemon.store.postgres.connection import PostgresConnection
@@ -110,7 +110,8 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
             for table, columns in tables:
                 cursor = source.cursor()
                 cursor.row_factory = None  # plain tuples: COPY takes them as they come
-                cursor.execute(f"SELECT {', '.join(map(_quoted, columns))} FROM {_quoted(table)}")
+                selected = [_copied_column(table, column) for column in columns]
+                cursor.execute(f"SELECT {', '.join(selected)} FROM {_quoted(table)}")
                 rows[table] = target.copy_rows(table, columns, cursor)
             _advance_identities(target, [t for t, _ in tables], counters)
             target.execute("COMMIT")
@@ -122,6 +123,19 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
     finally:
         source.execute("COMMIT")
     return Copied(rows)
+
+
+# Live state of the SQLite daemon, not of the queue: a lease there means nothing to PostgreSQL's.
+NOT_COPIED = ("supervisor",)
+
+
+def _copied_column(table: str, column: str) -> str:
+    """What the SELECT of the source reads for one column. A task left claimed or running names
+    the SQLite daemon that claimed it, which holds no lease on PostgreSQL to be rescued by: it is
+    copied as claimed by no supervisor, which the first start's recovery there takes as its own."""
+    if table == "task" and column == "supervisor":
+        return f"CASE WHEN status IN ({statuses.IN_FLIGHT}) THEN NULL ELSE supervisor END"
+    return _quoted(column)
 
 
 def _target_tables(target: "PostgresConnection") -> list[str]:
@@ -145,6 +159,8 @@ def _tables_to_copy(source: sqlite3.Connection, target: "PostgresConnection") ->
     in_target = set(_target_tables(target))
     tables: dict[str, list[str]] = {}
     for name in names:
+        if name in NOT_COPIED:
+            continue
         if name not in in_target:
             raise CopyRefused(f"the SQLite database has a table {name} that the PostgreSQL database lacks")
         columns = [row[1] for row in source.execute(f"PRAGMA table_info({_quoted(name)})")]

@@ -175,9 +175,29 @@ QUEUES = Migration(
 CLEANING = sqlite_migrations.CLEANING
 HELD_TASKS = sqlite_migrations.HELD_TASKS
 
+# 10: as SQLite's 10 (see there), with PostgreSQL's type for times.
+SUPERVISORS = Migration(
+    10,
+    "supervisors, their leases, and the claimer and attempt of each task",
+    (
+        """
+        CREATE TABLE supervisor (
+            name TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            pid_started_at DOUBLE PRECISION,
+            started_at DOUBLE PRECISION NOT NULL,
+            heartbeat_at DOUBLE PRECISION NOT NULL,
+            lease_timeout DOUBLE PRECISION NOT NULL
+        )
+        """,
+        *sqlite_migrations.SUPERVISORS.statements[1:],  # the columns and the index read alike in both
+    ),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
-    HELD_TASKS,
+    HELD_TASKS, SUPERVISORS,
 )
 LATEST = MIGRATIONS[-1].version
 

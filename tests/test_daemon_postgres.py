@@ -1,0 +1,289 @@
+"""The real daemon on PostgreSQL (SPEC §16), through its CLI and client: a task runs and names its
+supervisor, cancel and pause act on a running task, kill -9 and a restart recover only this
+supervisor's own tasks, SIGTERM gives the lease up, a second supervisor of one name is refused,
+reads answer with no daemon, and an outage of the server is ridden out (its errors known by their
+SQLSTATE). A SQLite daemon never loads the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+from click.testing import CliRunner, Result
+
+from daemon import cli, client, faults, models
+from daemon.errors import DatabaseFault
+from daemon.store import db, supervisors
+from tests.conftest import wait_for
+from tests.daemon_harness import REPO, Daemon
+from tests.postgres_cluster import Cluster
+from tests.web_harness import free_port
+
+FAULT_EXECUTORS = {"GATED": "tests.fault_executors:Gated"}
+
+
+@pytest.fixture
+def url(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of this test's own, migrated (cloned from the template)."""
+    made = postgres_cluster.clone(request.node.name)
+    yield made
+    postgres_cluster.drop(made)
+
+
+@pytest.fixture
+def on_postgres(url: str, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Makes real daemons (not yet started) whose database is this test's PostgreSQL database,
+    each in a directory of its own (its socket, logs); kills any still running at the end."""
+    made: list[Daemon] = []
+
+    def make(label: str = "alpha", *, supervisor: str | None = None, **options: Any) -> Daemon:
+        daemon = Daemon(tmp_path / label, database=url, name=supervisor or label, executors=FAULT_EXECUTORS,
+                        **options)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        daemon.kill_if_running()
+
+
+def fredica(d: Daemon, *args: str) -> Result:
+    return CliRunner().invoke(cli.main, [*args, "--config", str(d.config)], catch_exceptions=False)
+
+
+def ok(d: Daemon, *args: str) -> str:
+    result = fredica(d, *args)
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return result.stdout
+
+
+def lease_of(url: str, name: str) -> supervisors.SupervisorRow | None:
+    conn = db.connect_read_only(url)
+    try:
+        return supervisors.find(conn, name)
+    finally:
+        conn.close()
+
+
+def hang(tmp_path: Path, name: str) -> dict[str, Any]:
+    return {"ready_file": str(tmp_path / f"{name}.ready")}
+
+
+def test_a_task_runs_to_completion_and_names_its_supervisor(on_postgres: Callable[..., Daemon], url: str) -> None:
+    d = on_postgres("alpha").start()
+    task_id = ok(d, "submit", "ECHO", "--payload", '{"x": 1}').strip()
+    assert d.wait_task(task_id, "completed")["result"]["echo"] == {"x": 1}
+    shown = json.loads(ok(d, "show", task_id, "--json"))
+    assert (shown["supervisor"], shown["attempt"]) == ("alpha", 1)
+    assert "supervisor:" in ok(d, "show", task_id) and " alpha" in ok(d, "show", task_id)
+    held = lease_of(url, "alpha")
+    assert held is not None and (held.pid, held.expired) == (d.process.pid, False)
+    status = json.loads(ok(d, "status", "--json"))
+    assert status["pid"] == d.process.pid and status["database"] == url
+
+
+def test_cancel_pause_and_resume_act_on_a_running_task(on_postgres: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = on_postgres().start()
+    state, count = tmp_path / "state", tmp_path / "count"
+    with client.Client(d.config) as fredica_client:
+        task_id = fredica_client.submit("COUNT", {"n": 100000, "step": 0.02, "state_file": str(state),
+                                                  "count_file": str(count)})
+        wait_for(count.exists)
+        fredica_client.pause(task_id)
+        wait_for(lambda: state.exists() and state.read_text() == "paused")
+        assert fredica_client.get(task_id)["is_paused"]
+        fredica_client.resume(task_id)
+        wait_for(lambda: state.read_text() == "running")
+        assert not fredica_client.get(task_id)["is_paused"]
+        fredica_client.cancel(task_id)
+        (done,) = fredica_client.wait(task_id, timeout=30)
+    assert (done["status"], done["error_type"]) == ("cancelled", models.CANCELLED)
+
+
+def test_kill9_and_restart_recover_this_supervisors_tasks_only(
+    on_postgres: Callable[..., Daemon], url: str, tmp_path: Path
+) -> None:
+    alpha = on_postgres("alpha", max_workers=1).start()
+    mine = alpha.submit("HANG", payload=hang(tmp_path, "mine"))
+    wait_for((tmp_path / "mine.ready").exists)
+    beta = on_postgres("beta", max_workers=1).start()
+    theirs = beta.submit("HANG", payload=hang(tmp_path, "theirs"))  # alpha's only worker is busy
+    wait_for((tmp_path / "theirs.ready").exists)
+    assert alpha.task(theirs)["supervisor"] == "beta"
+    leftover = int((tmp_path / "mine.ready").read_text())
+
+    alpha.kill9()
+    alpha.start()  # at once: its lease has not expired, but its process is known dead on this host
+    interrupted = alpha.task(mine)
+    assert (interrupted["status"], interrupted["error_type"]) == ("failed", models.INTERRUPTED)
+    assert [e["task_id"] for e in alpha.data("restarts")] == [mine]
+    wait_for(lambda: not psutil.pid_exists(leftover) or psutil.Process(leftover).status() == psutil.STATUS_ZOMBIE)
+    # beta's task was none of alpha's recovery's business.
+    assert beta.task(theirs)["status"] == "running"
+    assert lease_of(url, "alpha").pid == alpha.process.pid
+    beta.data("cancel", ids=[theirs])
+    assert beta.wait_task(theirs, "cancelled")["error_type"] == models.CANCELLED
+
+
+def test_sigterm_puts_running_tasks_back_and_gives_the_lease_up(
+    on_postgres: Callable[..., Daemon], url: str, tmp_path: Path
+) -> None:
+    d = on_postgres(shutdown_grace=0.2).start()
+    task_id = d.submit("GATED", payload={"ready_file": str(tmp_path / "ready"), "gate_file": str(tmp_path / "gate")})
+    wait_for((tmp_path / "ready").exists)
+    assert d.stop(signal.SIGTERM) == 0
+    assert lease_of(url, "alpha") is None
+    d.start()
+    assert d.data("restarts") == []  # put back at the stop: nothing was interrupted
+    (tmp_path / "gate").touch()
+    done = d.wait_task(task_id, "completed", timeout=30)
+    assert (done["attempt"], done["retry_count"]) == (2, 0)
+
+
+def test_a_second_live_supervisor_of_the_same_name_is_refused_in_one_line(
+    on_postgres: Callable[..., Daemon], url: str
+) -> None:
+    first = on_postgres("alpha").start()
+    second = on_postgres("alpha-again", supervisor="alpha")
+    second.start(wait=False)
+    assert second.process is not None and second.process.wait(30) == 1
+    lines = second.output.read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"fredica: another supervisor named 'alpha' (host {lease_of(url, 'alpha').host}, pid {first.process.pid})"
+        " holds a lease on this database"), lines
+    assert not second.socket.exists()  # refused before it bound anything
+    assert first.request("status")["ok"]
+
+
+def test_reads_answer_from_postgresql_with_no_daemon_running(on_postgres: Callable[..., Daemon], url: str) -> None:
+    d = on_postgres().start()
+    task_id = d.submit("ECHO", payload={"y": 2})
+    d.wait_task(task_id, "completed")
+    assert d.stop() == 0
+    listed = fredica(d, "ls", "--json")
+    assert listed.exit_code == 0 and listed.stderr.strip() == f"daemon not running: read from {url}", listed.output
+    assert [(t["id"], t["supervisor"]) for t in json.loads(listed.stdout)] == [(task_id, "alpha")]
+    status = fredica(d, "status", "--json")  # 3: what a script asks status for, said from the database
+    assert status.exit_code == 3 and json.loads(status.stdout)["counts"]["completed"] == 1
+
+
+def test_a_server_outage_is_ridden_out_and_requests_meanwhile_get_one_line(
+    on_postgres: Callable[..., Daemon], postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    d = on_postgres().start()
+    gate = {"ready_file": str(tmp_path / "ready"), "gate_file": str(tmp_path / "gate")}
+    running = d.submit("GATED", payload=gate)
+    wait_for((tmp_path / "ready").exists)
+    postgres_cluster.stop_server()
+    try:
+        refusal = fredica(d, "submit", "ECHO")
+        assert refusal.exit_code == 1
+        assert refusal.stderr.strip() == "error: the database is unavailable (connection lost): nothing was changed"
+        (tmp_path / "gate").touch()  # the attempt ends while its outcome cannot be written: kept in memory
+        with client.Client(d.config) as fredica_client:
+            with pytest.raises(DatabaseFault, match="^the database is unavailable"):
+                fredica_client.submit("ECHO")
+        assert d.process is not None and d.process.poll() is None
+    finally:
+        postgres_cluster.start_server()
+    after = wait_for(lambda: _submitted(d), timeout=30)
+    assert d.wait_task(after, "completed")["status"] == "completed"
+    assert d.wait_task(running, "completed")["result"]["blob"] == ""
+    events = [e["event"] for e in d.log_events()]
+    assert "database_fault" in events and "database_reconnected" in events and "database_fault_ended" in events
+
+
+def _submitted(d: Daemon) -> str | None:
+    reply = d.request("submit", tasks=[{"type": "ECHO"}])
+    return reply["data"]["tasks"][0]["id"] if reply["ok"] else None
+
+
+def test_a_sqlite_daemon_never_loads_the_postgresql_driver(tmp_path: Path) -> None:
+    # A SQLite file's supervisor, its recovery, a claim and an attempt's writes, in a process of
+    # their own: psycopg costs ~30 ms of import that SQLite users must never pay.
+    script = f"""
+import os, sys, time
+from daemon import config, recovery
+from daemon.store import tasks
+from daemon.supervisor import Supervisor
+from daemon.submission import TaskSpec
+settings = config.from_mapping({{"daemon": {{"database": "q.db", "socket": "s.sock", "log_dir": "logs"}},
+                                 "executors": {{"ECHO": "tests.sample_executors:Echo"}}}},
+                               source=config.Path({str(tmp_path / "c.toml")!r}))
+sup = Supervisor(settings)
+now = time.time()
+recovery.recover(sup.conn, now=now)
+tasks.submit(sup.conn, [TaskSpec(type="ECHO")], now=now)
+(claimed,) = tasks.claim_ready(sup.conn, now, 1, supervisor=settings.name)
+started = tasks.start(sup.conn, claimed.id, now=now, known=claimed)
+tasks.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
+tasks.complete(sup.conn, claimed.id, {{}}, now=now, known=started)
+assert sup.lease is None
+loaded = sorted(m for m in sys.modules if m.startswith("psycopg"))
+print(loaded, flush=True)
+os._exit(1 if loaded else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (0, "[]"), done.stderr
+
+
+@pytest.mark.parametrize("sqlstate, kind", [
+    ("08006", faults.Kind.UNAVAILABLE), ("08003", faults.Kind.UNAVAILABLE), ("57P01", faults.Kind.UNAVAILABLE),
+    ("57P03", faults.Kind.UNAVAILABLE), ("53100", faults.Kind.FULL), ("58030", faults.Kind.IO),
+    ("25006", faults.Kind.READ_ONLY), ("XX001", faults.Kind.CORRUPT), ("40P01", faults.Kind.LOCKED),
+    ("23505", None), ("42P01", None),  # a unique index, a missing table: a bug or a refusal, not a fault
+])
+def test_postgresql_errors_are_known_by_their_sqlstate(sqlstate: str, kind: faults.Kind | None) -> None:
+    error = sqlite3.OperationalError("from the server")
+    error.sqlstate = sqlstate  # type: ignore[attr-defined]
+    assert faults.classify(error) is kind
+
+
+def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster: Cluster, url: str) -> None:
+    conn = db.open_database(url)
+    try:
+        postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                               f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
+        with pytest.raises(sqlite3.OperationalError) as lost:
+            conn.execute("SELECT 1")
+        assert faults.classify(lost.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
+        db.reconnect(conn)
+        assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_export_of_a_postgresql_queue_is_refused_in_one_line(on_postgres: Callable[..., Daemon], url: str) -> None:
+    result = fredica(on_postgres(), "export")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"error: fredica export reads a SQLite database, not {url}: export a PostgreSQL "
+                                     "queue's task table with psql's \\copy")
+
+
+def test_the_http_token_of_a_postgresql_daemon_is_made_in_its_state_directory(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beside a SQLite file its directory exists; a URL names none, and the state directory that
+    # holds the token by default may not exist yet on this host.
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    d = Daemon(tmp_path / "d", database=url, name="web", extra_toml=f'[http]\nlisten = "127.0.0.1:{free_port()}"')
+    try:
+        d.start()
+        token_file = home / ".local" / "state" / "fredica" / "http-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token_file.read_text().strip()) >= 32
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    finally:
+        d.kill_if_running()

@@ -1,0 +1,279 @@
+"""Supervisors, leases, rescue and fencing in the store (SPEC §16), on both backends: a claim
+names its supervisor and counts an attempt; a lease is refused to a second live holder; an
+expired one is rescued by §9's rules in one transaction, the row last; a late write about an
+attempt that is no longer current changes nothing. And the loop's side of it (`daemon.leases`),
+stepped with the time passed in."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from daemon import leases, models
+from daemon.config import Settings
+from daemon.errors import AlreadyRunning, InvalidTransition, StaleAttempt
+from daemon.models import TaskStatus as S
+from daemon.store import restarts, supervisors, tasks, waiting
+from daemon.submission import TaskSpec
+from tests.conftest import wait_for
+from tests.conformance import conn  # noqa: F401 (every test on every backend)
+
+T0 = 7_000.0
+LIVE = 3600.0  # a lease that outlives any test
+SHORT = 0.01  # a lease that has expired by the time the test looks again
+
+
+def submit(conn: sqlite3.Connection, count: int) -> list[str]:
+    return [t.id for t in tasks.submit(conn, [TaskSpec(type="T") for _ in range(count)], now=T0).tasks]
+
+
+def register(conn: sqlite3.Connection, name: str, *, lease: float = LIVE, pid: int = 100, gone: bool = False) -> None:
+    supervisors.register(conn, name, host="h1", pid=pid, pid_started_at=1.0, lease_timeout=lease,
+                         gone=lambda row: gone)
+
+
+def claim(conn: sqlite3.Connection, supervisor: str, limit: int = 1) -> list[models.Task]:
+    return tasks.claim_ready(conn, T0 + 1, limit, supervisor=supervisor)
+
+
+def expire(conn: sqlite3.Connection, name: str) -> None:
+    wait_for(lambda: name in supervisors.expired(conn, besides="nobody"), timeout=5)
+
+
+def row(conn: sqlite3.Connection, task_id: str) -> tuple:
+    return tuple(conn.execute("SELECT * FROM task WHERE id = ?", (task_id,)).fetchone())
+
+
+# --- the claim names its supervisor and counts attempts ----------------------------------------
+
+
+def test_a_claim_names_its_supervisor_and_counts_an_attempt_kept_after_the_end(conn: sqlite3.Connection) -> None:
+    (task_id,) = submit(conn, 1)
+    assert tasks.get(conn, task_id).attempt == 0 and tasks.get(conn, task_id).supervisor is None
+    (claimed,) = claim(conn, "alpha")
+    assert (claimed.supervisor, claimed.attempt) == ("alpha", 1)
+    started = tasks.start(conn, task_id, now=T0 + 2, known=claimed)
+    tasks.retry(conn, task_id, error="x", error_type="E", not_before=0, now=T0 + 3, known=started)
+    (again,) = claim(conn, "beta")
+    assert (again.supervisor, again.attempt) == ("beta", 2)
+    tasks.start(conn, task_id, now=T0 + 4, known=again)
+    done = tasks.complete(conn, task_id, {"ok": True}, now=T0 + 5, known=tasks.get(conn, task_id))
+    assert (done.status, done.supervisor, done.attempt) == (S.COMPLETED, "beta", 2)
+
+
+# --- fencing -----------------------------------------------------------------------------------
+
+
+def test_a_late_start_of_a_rescued_claim_changes_nothing_of_the_new_claim(conn: sqlite3.Connection) -> None:
+    (task_id,) = submit(conn, 1)
+    register(conn, "alpha", lease=SHORT)
+    (stale,) = claim(conn, "alpha")
+    expire(conn, "alpha")
+    assert supervisors.rescue(conn, "alpha", now=T0 + 2, session_id="s1") is not None
+    (current,) = claim(conn, "beta")
+    before = row(conn, task_id)
+    with pytest.raises(StaleAttempt, match="attempt 1 of supervisor alpha is no longer"):
+        tasks.start(conn, task_id, now=T0 + 3, known=stale, executor_pid=4242)
+    assert row(conn, task_id) == before
+    assert tasks.start(conn, task_id, now=T0 + 3, known=current).status is S.RUNNING
+
+
+def test_late_writes_of_a_replaced_attempt_are_refused_and_the_new_attempt_keeps_its_own(
+    conn: sqlite3.Connection,
+) -> None:
+    (task_id,) = submit(conn, 1)
+    (first,) = claim(conn, "alpha")
+    stale = tasks.start(conn, task_id, now=T0 + 2, known=first)
+    # Put back and claimed again by another supervisor (what a rescue of a claim, or a retry, leads to).
+    tasks.requeue(conn, task_id, now=T0 + 3, known=stale)
+    (second,) = claim(conn, "beta")
+    current = tasks.start(conn, task_id, now=T0 + 4, known=second)
+    old, new = tasks.AttemptRef.of(stale), tasks.AttemptRef.of(current)
+    assert tasks.record_progress(conn, [(new, 30, "beta's")]) == 1
+    tasks.record_pause_states(conn, [(new, False, True, "beta's")])
+    before = row(conn, task_id)
+
+    assert tasks.record_progress(conn, [(old, 90, "alpha's")]) == 0
+    assert tasks.record_pause_states(conn, [(old, True, True, "alpha's")]) == 0
+    assert tasks.heartbeat(conn, [old], T0 + 50) == 0
+    assert not tasks.set_paused(conn, old, True)
+    assert not tasks.set_pausable(conn, old, False)
+    for late in (
+        lambda: tasks.complete(conn, task_id, {"by": "alpha"}, now=T0 + 5, known=stale),
+        lambda: tasks.fail(conn, task_id, error="x", error_type="E", now=T0 + 5, known=stale),
+        lambda: tasks.retry(conn, task_id, error="x", error_type="E", not_before=0, now=T0 + 5, known=stale),
+        lambda: tasks.requeue(conn, task_id, now=T0 + 5, known=stale),
+        lambda: tasks.cancel(conn, task_id, now=T0 + 5, known=stale),
+    ):
+        with pytest.raises(StaleAttempt):
+            late()
+    assert row(conn, task_id) == before
+
+    assert tasks.heartbeat(conn, [new], T0 + 6) == 1
+    done = tasks.complete(conn, task_id, {"by": "beta"}, now=T0 + 7, known=current)
+    assert (done.status, done.result, done.progress) == (S.COMPLETED, {"by": "beta"}, 100)
+
+
+def test_a_late_outcome_of_a_rescued_running_attempt_is_refused(conn: sqlite3.Connection) -> None:
+    (task_id,) = submit(conn, 1)
+    register(conn, "alpha", lease=SHORT)
+    (claimed,) = claim(conn, "alpha")
+    stale = tasks.start(conn, task_id, now=T0 + 2, known=claimed)
+    expire(conn, "alpha")
+    supervisors.rescue(conn, "alpha", now=T0 + 3, session_id="s1")
+    with pytest.raises(InvalidTransition):
+        tasks.complete(conn, task_id, {"late": True}, now=T0 + 4, known=stale)
+    after = tasks.get(conn, task_id)
+    assert (after.status, after.error_type, after.result) == (S.FAILED, models.INTERRUPTED, None)
+
+
+# --- leases ------------------------------------------------------------------------------------
+
+
+def test_a_second_live_supervisor_of_a_name_is_refused_in_one_line(conn: sqlite3.Connection) -> None:
+    register(conn, "alpha", pid=100)
+    with pytest.raises(AlreadyRunning, match=r"^another supervisor named 'alpha' \(host h1, pid 100\) holds a lease"):
+        register(conn, "alpha", pid=200)
+    assert supervisors.find(conn, "alpha").pid == 100
+    register(conn, "beta", pid=200)  # another name is another supervisor
+    assert [s.name for s in supervisors.list_all(conn)] == ["alpha", "beta"]
+
+
+def test_a_name_is_taken_over_once_its_process_is_known_gone_or_its_lease_expired(conn: sqlite3.Connection) -> None:
+    register(conn, "alpha", pid=100)
+    register(conn, "alpha", pid=200, gone=True)  # killed -9 on this host, restarted at once
+    assert supervisors.find(conn, "alpha").pid == 200
+    register(conn, "beta", pid=300, lease=SHORT)
+    expire(conn, "beta")
+    register(conn, "beta", pid=400)
+    held = supervisors.find(conn, "beta")
+    assert (held.pid, held.expired) == (400, False)
+
+
+def test_renewal_keeps_a_lease_and_fails_once_it_was_taken(conn: sqlite3.Connection) -> None:
+    register(conn, "alpha", pid=100)
+    first = supervisors.find(conn, "alpha").heartbeat_at
+    wait_for(lambda: supervisors.database_now(conn) > first)
+    assert supervisors.renew(conn, "alpha", host="h1", pid=100)
+    assert supervisors.find(conn, "alpha").heartbeat_at > first
+    register(conn, "alpha", pid=200, gone=True)
+    assert not supervisors.renew(conn, "alpha", host="h1", pid=100)
+
+
+# --- rescue ------------------------------------------------------------------------------------
+
+
+def test_a_rescue_applies_recovery_to_the_dead_ones_tasks_only_then_removes_it(conn: sqlite3.Connection) -> None:
+    ids = submit(conn, 5)
+    register(conn, "dead", lease=SHORT)
+    register(conn, "alive")
+    running, claimed = claim(conn, "dead", 2)
+    tasks.start(conn, running.id, now=T0 + 2, known=running)
+    (theirs,) = claim(conn, "alive")
+    tasks.start(conn, theirs.id, now=T0 + 2, known=theirs)
+    expire(conn, "dead")
+    assert supervisors.expired(conn, besides="alive") == ["dead"]
+
+    rescued = supervisors.rescue(conn, "dead", now=T0 + 3, session_id="rescue-1")
+    assert rescued is not None
+    assert [t.id for t in rescued.in_flight] == [running.id, claimed.id]
+    assert [t.id for t in rescued.interrupted] == [running.id]
+    assert [t.id for t in rescued.requeued] == [claimed.id]
+    failed = tasks.get(conn, running.id)
+    assert (failed.status, failed.error_type, failed.supervisor) == (S.FAILED, models.INTERRUPTED, "dead")
+    assert tasks.get(conn, claimed.id).status is S.PENDING
+    assert tasks.get(conn, theirs.id).status is S.RUNNING  # the live supervisor's task is left alone
+    assert [(e.session_id, e.task_id, e.status_at_restart) for e in restarts.list_entries(conn)] == [
+        ("rescue-1", running.id, "running"), ("rescue-1", claimed.id, "claimed"),
+    ]
+    assert supervisors.find(conn, "dead") is None
+    assert supervisors.rescue(conn, "dead", now=T0 + 4, session_id="rescue-2") is None  # once
+    assert len(ids) == 5 and tasks.get(conn, ids[-1]).status is S.PENDING
+
+
+def test_a_live_lease_is_never_rescued(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    register(conn, "alive")
+    (task,) = claim(conn, "alive")
+    assert supervisors.expired(conn, besides="other") == []
+    assert supervisors.rescue(conn, "alive", now=T0 + 2, session_id="s") is None
+    assert tasks.get(conn, task.id).status is S.CLAIMED and supervisors.find(conn, "alive") is not None
+
+
+def test_a_graceful_release_keeps_the_row_while_tasks_are_in_flight(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    register(conn, "alpha", pid=100)
+    (task,) = claim(conn, "alpha")
+    assert not supervisors.release(conn, "alpha", host="h1", pid=100)
+    tasks.requeue(conn, task.id, now=T0 + 2, known=task)
+    assert not supervisors.release(conn, "alpha", host="h1", pid=999)  # not this process's lease
+    assert supervisors.release(conn, "alpha", host="h1", pid=100)
+    assert supervisors.find(conn, "alpha") is None
+
+
+# --- the loop's side: daemon/leases.py ---------------------------------------------------------
+
+
+def lease_settings(name: str, lease: float) -> Settings:
+    return Settings(database=Path("/unused"), socket=Path("/unused"), log_dir=Path("/unused"), name=name,
+                    lease_timeout=lease, heartbeat_interval=lease / 4)
+
+
+def test_the_loop_renews_at_each_heartbeat_and_rescues_an_expired_lease(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    lease = leases.Lease(lease_settings("alive", LIVE))
+    lease.tick(conn, T0)  # registers "alive": a renewal finds no row of its own yet
+    assert supervisors.find(conn, "alive").pid == os.getpid()
+    register(conn, "dead", lease=SHORT)
+    (task,) = claim(conn, "dead")
+    expire(conn, "dead")
+    assert lease.tick(conn, T0 + 1) == []  # not due yet: one heartbeat (LIVE / 4) after the last
+    assert supervisors.find(conn, "dead") is not None
+    (rescued,) = lease.tick(conn, T0 + LIVE)
+    assert [t.id for t in rescued.requeued] == [task.id] and supervisors.find(conn, "dead") is None
+    assert lease.next_at == T0 + LIVE + LIVE / 4
+
+
+def test_after_a_reconnection_the_loop_rescues_no_one_for_a_lease_timeout(conn: sqlite3.Connection) -> None:
+    submit(conn, 1)
+    register(conn, "slow", lease=SHORT)
+    claim(conn, "slow")
+    lease = leases.Lease(lease_settings("alive", 100.0))  # renewed every 25 s
+    lease.reconnected(T0)
+    expire(conn, "slow")
+    assert lease.tick(conn, T0 + 1) == []  # renewed its own, rescued no one: others reconnect too
+    assert supervisors.find(conn, "alive") is not None and supervisors.find(conn, "slow") is not None
+    assert lease.tick(conn, T0 + 99) == [] and supervisors.find(conn, "slow") is not None
+    assert [r.supervisor for r in lease.tick(conn, T0 + 124)] == ["slow"]
+
+
+def test_a_supervisor_taken_for_dead_takes_its_name_again_its_rescued_tasks_stay_rescued(
+    conn: sqlite3.Connection,
+) -> None:
+    submit(conn, 1)
+    lease = leases.Lease(lease_settings("alpha", SHORT * 8))
+    lease.tick(conn, T0)
+    (task,) = claim(conn, "alpha")
+    expire(conn, "alpha")
+    supervisors.rescue(conn, "alpha", now=T0 + 1, session_id="by-beta")
+    lease.tick(conn, T0 + 2)
+    assert supervisors.find(conn, "alpha").pid == os.getpid()
+    assert (tasks.get(conn, task.id).status, tasks.get(conn, task.id).attempt) == (S.PENDING, 1)
+
+
+# --- bulk requests of a shared queue ------------------------------------------------------------
+
+
+def test_bulk_cancel_hold_and_priority_read_alike_on_both_backends(conn: sqlite3.Connection) -> None:
+    # Their SQL holds SQLite's planner hint `+status`, which PostgreSQL has no operator for: a
+    # cancel given on any host of a shared queue (SPEC §16) went through none of them there.
+    first, second, third = submit(conn, 3)
+    assert waiting.hold(conn, [first])[first] is None and tasks.get(conn, first).is_held
+    assert waiting.set_priority(conn, [second], 5)[second] is None and tasks.get(conn, second).priority == 5
+    (claimed,) = claim(conn, "alpha")
+    assert claimed.id == second
+    assert set(tasks.cancel_waiting(conn, [first, second, third], now=T0 + 2)) == {first, second, third}
+    assert {tasks.get(conn, i).status for i in (first, second, third)} == {S.CANCELLED}
