@@ -33,9 +33,9 @@ def counted_moves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = runs._apply_shifts
 
-    def spy(conn: Any, deltas: Any, now: float) -> None:
+    def spy(conn: Any, deltas: Any, moved_at: Any) -> None:
         calls.append(len(deltas))
-        real(conn, deltas, now)
+        real(conn, deltas, moved_at)
 
     monkeypatch.setattr(runs, "_apply_shifts", spy)
     return calls
