@@ -88,6 +88,9 @@ def _summary(copied: Copied, target: str, seconds: float) -> str:
             continue
         singular, plural = _NOUNS.get(table, (f"row in {table}", f"rows in {table}"))
         others.append(f"{count} {singular if count == 1 else plural}")
+    if copied.nul_replaced:
+        others.append(f"{copied.nul_replaced} text value{'s' * (copied.nul_replaced != 1)} with NUL bytes, "
+                      "copied with U+FFFD in their place")
     extra = f" ({', '.join(others)})" if others else ""
     return (f"copied {tasks} task{'s' * (tasks != 1)} in {runs} run{'s' * (runs != 1)}{extra} "
             f"to {target} in {seconds:.1f} s")

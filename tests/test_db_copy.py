@@ -322,3 +322,21 @@ def test_the_help_says_what_it_does() -> None:
     assert result.exit_code == 0
     assert "db copy [OPTIONS] SQLITE_FILE POSTGRES_URL" in result.stdout.splitlines()[0]
     assert "Copy a SQLite queue into an empty PostgreSQL database." in result.stdout
+
+
+def test_a_task_whose_error_holds_a_nul_byte_is_copied(tmp_path: Path, target: str) -> None:
+    # An executor's error is any text it gives (or a crashed attempt's last log lines): a process
+    # that printed a NUL byte leaves one in the SQLite queue.
+    path = tmp_path / "queue.db"
+    conn = db.open_database(path)
+    [task_id] = submit(conn, {})
+    start_next(conn, T0 + 1)
+    tasks.fail(conn, task_id, error="bad output: \x00 then more", error_type="EXCEPTION", now=T0 + 2)
+    conn.close()
+
+    result = copy(path, target)
+
+    assert result.exit_code == 0, result.output
+    assert "1 text value with NUL bytes, copied with U+FFFD in their place" in result.stdout
+    with db.open_database(target) as pg_conn:
+        assert tasks.get(pg_conn, task_id).error == "bad output: \ufffd then more"

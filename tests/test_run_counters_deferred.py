@@ -33,9 +33,9 @@ def counted_moves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = runs._apply_shifts
 
-    def spy(conn: Any, deltas: Any, now: float) -> None:
+    def spy(conn: Any, deltas: Any, moved_at: Any) -> None:
         calls.append(len(deltas))
-        real(conn, deltas, now)
+        real(conn, deltas, moved_at)
 
     monkeypatch.setattr(runs, "_apply_shifts", spy)
     return calls
@@ -117,3 +117,31 @@ def test_a_transaction_committed_by_hand_writes_what_was_kept_back(conn: sqlite3
     tasks.transition(conn, ids[1], S.CLAIMED, now=T0 + 2)
     conn.execute("ROLLBACK")
     assert stored_matches_tasks(conn, run_id) == RunCounts(pending=1, cancelled=1)
+
+
+def test_a_rolled_back_savepoint_takes_back_the_first_moves_ever_made_on_its_connection(
+    conn: sqlite3.Connection,
+) -> None:
+    # A fresh connection has kept nothing back yet: the savepoint opens before the first move.
+    run_id, ids = submit(conn, 2)
+    with db.write(conn):
+        with pytest.raises(Boom):
+            with db.savepoint(conn):
+                tasks.transition(conn, ids[0], S.CANCELLED, now=T0 + 1)
+                raise Boom  # undoes the task's cancel: its move must go too
+        tasks.transition(conn, ids[1], S.CLAIMED, now=T0 + 2)
+    assert stored_matches_tasks(conn, run_id) == RunCounts(pending=1, claimed=1)
+
+
+def test_a_run_ends_at_its_own_last_move_not_at_a_later_move_of_another_run(conn: sqlite3.Connection) -> None:
+    # As the supervisor's tick after a full disk: attempts that ended long ago are recorded as of
+    # when they ended, then other runs' tasks are claimed as of now, in the same transaction.
+    ended, ended_ids = submit(conn, 1)
+    other, other_ids = submit(conn, 1)
+    with db.write(conn):
+        tasks.transition(conn, ended_ids[0], S.CANCELLED, now=T0 + 1)
+        tasks.transition(conn, other_ids[0], S.CLAIMED, now=T0 + 60)
+    run = runs.get(conn, ended)
+    assert run.status is RunStatus.CANCELLED
+    assert run.completed_at == tasks.get(conn, ended_ids[0]).completed_at == T0 + 1
+    assert runs.get(conn, other).completed_at is None

@@ -314,8 +314,8 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             yield conn
         return
     conn.execute("SAVEPOINT undo_on_error")
-    deferred = getattr(conn, "deferred", None)
-    mark = deferred.mark() if deferred is not None else None
+    kept = getattr(conn, "deferred", None)
+    mark = kept.mark() if kept is not None else None  # None: nothing was ever kept back here
     try:
         yield conn
     except BaseException:
@@ -325,9 +325,12 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK TO undo_on_error")
                 conn.execute("RELEASE undo_on_error")
+        # Looked up again: a connection's first move makes its `deferred`, maybe inside the block,
+        # and then all that is kept back is the block's own.
+        deferred = getattr(conn, "deferred", None)
         if deferred is not None:
             # What the block kept back goes with what it wrote (and so does a flush it made).
-            deferred.undo_to(mark) if conn.in_transaction else deferred.discard()
+            deferred.undo_to(mark) if conn.in_transaction and mark is not None else deferred.discard()
         raise
     conn.execute("RELEASE undo_on_error")
 

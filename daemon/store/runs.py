@@ -104,7 +104,8 @@ def shift_counts(conn: sqlite3.Connection, shifts: Iterable[Shift], now: float) 
     three times per task. Any other connection moves them at once.
     """
     if not hasattr(conn, "deferred"):
-        _apply_shifts(conn, _deltas(shifts), now)
+        deltas = _deltas(shifts)
+        _apply_shifts(conn, deltas, dict.fromkeys(deltas, now))
         return
     deferred = conn.deferred
     if deferred is None:
@@ -143,9 +144,14 @@ class DeferredShifts:
     def flush(self, conn: object) -> None:
         batches = self._log[self._flushed:]
         self._flushed = len(self._log)  # first: the statements below go through `db.before` too
+        # Each run as of its own last move: the one that ended it sets its `completed_at`, not a
+        # later move of another run (attempts recorded as of when they ended, then claims as of now).
+        moved_at: dict[str, float] = {}
+        for shifts, now in batches:
+            for run_id, _, _ in shifts:
+                moved_at[run_id] = max(now, moved_at.get(run_id, now))
         try:
-            _apply_shifts(conn, _deltas(shift for shifts, _ in batches for shift in shifts),
-                          max(now for _, now in batches))
+            _apply_shifts(conn, _deltas(shift for shifts, _ in batches for shift in shifts), moved_at)
         except BaseException:
             self._flushed -= len(batches)  # written by none, or undone with the transaction
             raise
@@ -171,7 +177,10 @@ def _deltas(shifts: Iterable[Shift]) -> dict[str, collections.Counter[str]]:
     return deltas
 
 
-def _apply_shifts(conn: object, deltas: dict[str, collections.Counter[str]], now: float) -> None:
+def _apply_shifts(
+    conn: object, deltas: dict[str, collections.Counter[str]], moved_at: dict[str, float]
+) -> None:
+    """Write each run's counter moves and the status they imply, as of `moved_at[run_id]`."""
     # In one order (by id): on PostgreSQL each UPDATE locks its run's row until commit, and two
     # transactions that locked the same runs in different orders would deadlock.
     for run_id, delta in sorted(deltas.items()):
@@ -185,7 +194,7 @@ def _apply_shifts(conn: object, deltas: dict[str, collections.Counter[str]], now
         ).fetchone()
         if row is not None:
             run = WorkflowRun.from_row(row)
-            _write_status(conn, run, run.counts, now)  # type: ignore[arg-type]
+            _write_status(conn, run, run.counts, moved_at[run_id])  # type: ignore[arg-type]
 
 
 def refresh_status(conn: sqlite3.Connection, run_ids: Iterable[str], now: float) -> None:

@@ -40,7 +40,7 @@ import contextlib
 import functools
 import re
 import sqlite3
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 import psycopg.pq
@@ -63,12 +63,27 @@ def translate(sql: str) -> str:
     """The PostgreSQL text of a statement in the store's dialect (see the module docstring)."""
     if _BEGIN_IMMEDIATE.match(sql):
         return "BEGIN"
-    sql = _INDEXED_BY.sub("", sql)
-    sql = _UNARY_PLUS.sub(r"\1", sql)
-    sql = _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
+    sql = _in_sql(_rewritten, sql)
     if _INSERT_OR_IGNORE.match(sql):
         sql = _INSERT_OR_IGNORE.sub("INSERT INTO", sql) + " ON CONFLICT DO NOTHING"
     return _placeholders(sql)
+
+
+# Quoted text or a quoted name ('' and "" inside are the quote itself): never SQL to rewrite.
+_QUOTED = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""")
+
+
+def _in_sql(rewrite: Callable[[str], str], sql: str) -> str:
+    """`rewrite` applied to the parts of `sql` outside quotes: `AND +y` in a string is text."""
+    parts = _QUOTED.split(sql)
+    return "".join(part if index % 2 else rewrite(part) for index, part in enumerate(parts))
+
+
+def _rewritten(sql: str) -> str:
+    """SQLite's planner hints dropped, `json_each(?)` made PostgreSQL's (in SQL outside quotes)."""
+    sql = _INDEXED_BY.sub("", sql)
+    sql = _UNARY_PLUS.sub(r"\1", sql)
+    return _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
 
 
 _FORGETS_WAKEUP = re.compile(r"^\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.IGNORECASE)
@@ -213,7 +228,9 @@ class PostgresConnection:
         if self.wakeup_queued and _forgets_wakeup(sql):
             self.wakeup_queued = False
         try:
-            cursor = self.raw.execute(translate(sql), params or None)
+            # Parameters always given, if none: psycopg then reads the text's `%%` as the `%` it
+            # stands for (`translate` doubles every one), where with None it sends `%%` as it is.
+            cursor = self.raw.execute(translate(sql), params)
         except psycopg.Error as exc:
             raise _as_sqlite_error(exc, self.raw) from exc
         if deferred is not None and deferred.pending:

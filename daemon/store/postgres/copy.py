@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 from daemon.errors import CopyRefused
 from daemon.store import migrations as sqlite_migrations, statuses
@@ -35,6 +35,7 @@ class Copied:
     """How many rows of each table the copy wrote, in the order it wrote them."""
 
     rows: dict[str, int]
+    nul_replaced: int = 0  # text values that held NUL bytes, written with U+FFFD instead
 
     @property
     def tasks(self) -> int:
@@ -107,12 +108,13 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
             target.execute(f"LOCK TABLE {', '.join(_quoted(t) for t, _ in tables)} IN EXCLUSIVE MODE")
             refuse_unless_empty(target, shown_target)
             rows: dict[str, int] = {}
+            replaced = [0]
             for table, columns in tables:
                 cursor = source.cursor()
                 cursor.row_factory = None  # plain tuples: COPY takes them as they come
                 selected = [_copied_column(table, column) for column in columns]
                 cursor.execute(f"SELECT {', '.join(selected)} FROM {_quoted(table)}")
-                rows[table] = target.copy_rows(table, columns, cursor)
+                rows[table] = target.copy_rows(table, columns, _storable(cursor, replaced))
             _advance_identities(target, [t for t, _ in tables], counters)
             target.execute("COMMIT")
         except BaseException:
@@ -122,7 +124,18 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
             raise
     finally:
         source.execute("COMMIT")
-    return Copied(rows)
+    return Copied(rows, replaced[0])
+
+
+def _storable(rows: Any, replaced: list[int]) -> Iterator[tuple[Any, ...]]:
+    """The rows with each NUL byte of their text replaced by U+FFFD (counted in `replaced`): SQLite
+    stores text as given (an executor's error may quote output holding one), PostgreSQL text
+    cannot hold NUL, and one such value must not keep a whole queue from moving."""
+    for row in rows:
+        if any(isinstance(value, str) and "\x00" in value for value in row):
+            replaced[0] += sum(isinstance(value, str) and "\x00" in value for value in row)
+            row = tuple(value.replace("\x00", "\ufffd") if isinstance(value, str) else value for value in row)
+        yield row
 
 
 # Live state of the SQLite daemon, not of the queue: a lease there means nothing to PostgreSQL's.
