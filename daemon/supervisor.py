@@ -154,6 +154,15 @@ class Supervisor(SendsAhead):
         self._claims_left = False  # the last tick's claims stopped at CLAIMS_PER_TICK
         # On a shared PostgreSQL queue, this supervisor's lease, and the rescue of others' (SPEC §16).
         self.lease = leases.Lease(settings) if backend.is_postgres(settings.database) else None
+        # There too, the others' commits that may have made a task claimable here wake this loop
+        # (LISTEN/NOTIFY), rather than wait for its next poll; `[daemon] notify = false` polls only.
+        self.wakeups: Any = None  # a wakeups.Listener
+        if self.lease is not None:
+            self.conn.notify_wakeups = settings.notify  # type: ignore[attr-defined]
+            if settings.notify:
+                from daemon.store.postgres import wakeups
+
+                self.wakeups = wakeups.Listener(str(settings.database))
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -315,6 +324,9 @@ class Supervisor(SendsAhead):
                     self.lease.release(self.conn)
             with contextlib.suppress(Exception):
                 self.conn.close()
+            if self.wakeups is not None:
+                with contextlib.suppress(Exception):
+                    self.wakeups.close()
             self._handoff.end()
             log.info("supervisor_stopped", exit_status=self.exit_status)
 
@@ -369,7 +381,13 @@ class Supervisor(SendsAhead):
             fd = process.unsent()
             if fd is not None:
                 unsent.append(fd)
+        if self.wakeups is not None and self.wakeups.healthy:
+            handles.append(self.wakeups)
         ready = pipes.ready(handles, max(0.0, timeout), writable=unsent)
+        if self.wakeups is not None:
+            # Always: it also finds a dead listener and reconnects it (after its backoff); what
+            # woke the loop needs nothing more, as every tick claims what is claimable.
+            self.wakeups.drain()
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()

@@ -13,6 +13,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -287,3 +288,35 @@ def test_the_http_token_of_a_postgresql_daemon_is_made_in_its_state_directory(
         assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
     finally:
         d.kill_if_running()
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["listening", "polling only"])
+def test_a_task_another_host_submits_wakes_the_supervisor_at_once(
+    on_postgres: Callable[..., Daemon], url: str, notify: bool
+) -> None:
+    # Every timer of the loop is far away: only the NOTIFY of the other host's commit can wake
+    # it within the wait below. With `notify = false` it is found at the next poll, after it.
+    d = on_postgres("alpha", idle_poll_interval=60, poll_interval=60, heartbeat_interval=30, lease_timeout=90,
+                    notify=notify).start()
+    from daemon.store import tasks as task_store
+    from daemon.submission import TaskSpec
+
+    other_host = db.open_database(url)
+    try:
+        other_host.notify_wakeups = True  # type: ignore[attr-defined]  # as a supervisor's connection
+        [task] = task_store.submit(other_host, [TaskSpec("ECHO", payload={"x": 2})], now=time.time()).tasks
+    finally:
+        other_host.close()
+    # Read in the database, not asked of the daemon: a request would wake its loop itself.
+    reader = db.connect_read_only(url)
+    try:
+        def completed() -> bool:
+            return task_store.get(reader, task.id).status is models.TaskStatus.COMPLETED
+
+        if notify:
+            wait_for(completed, timeout=15, interval=0.05)
+        else:
+            with pytest.raises(AssertionError):
+                wait_for(completed, timeout=3, interval=0.05)
+    finally:
+        reader.close()

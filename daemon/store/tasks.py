@@ -17,6 +17,7 @@ from daemon.errors import InvalidTransition, StaleAttempt, UnknownRun, UnknownTa
 from daemon.models import Task, TaskStatus
 from daemon.store import backend, runs, statuses, submissions
 from daemon.store.postgres import claim as postgres_claim
+from daemon.store.postgres import wakeups
 from daemon.store.db import write
 from daemon.store.submissions import Submission, SubmittedTask  # noqa: F401 (the repository's API)
 from daemon.submission import TaskSpec
@@ -253,6 +254,10 @@ def _transition(
     runs.shift_counts(
         conn, [(row["workflow_run_id"], TaskStatus(row["status"]), target) for row in rows], now
     )
+    if target in (TaskStatus.COMPLETED, TaskStatus.PENDING):
+        # Its dependents may be claimable now, or it is itself again: supervisors sharing a
+        # PostgreSQL queue are woken at the commit (one wake-up per transaction; none on SQLite).
+        wakeups.notify(conn)
     if target is TaskStatus.COMPLETED:
         _unblock_dependents(conn, seqs)
     elif target in (TaskStatus.FAILED, TaskStatus.CANCELLED) and cascade:
@@ -381,6 +386,7 @@ def submit(
         stored = submissions.insert_run(
             conn, specs, now=now, template=template, material_id=material_id, routes=routes
         )
+        wakeups.notify(conn)  # the other supervisors of a PostgreSQL queue claim it at once
         for task_id, dead in stored.doomed:
             if _current(conn, task_id)["status"] != TaskStatus.PENDING.value:
                 continue  # cancelled already, as a dependent of a doomed task earlier in the batch
