@@ -157,12 +157,14 @@ class Supervisor(SendsAhead):
         # There too, the others' commits that may have made a task claimable here wake this loop
         # (LISTEN/NOTIFY), rather than wait for its next poll; `[daemon] notify = false` polls only.
         self.wakeups: Any = None  # a wakeups.Listener
+        self._look_for_replaced = False  # woken by one: are the rows of our attempts still ours?
         if self.lease is not None:
             self.conn.notify_wakeups = settings.notify  # type: ignore[attr-defined]
+            self.conn.notify_sender = settings.name  # type: ignore[attr-defined]
             if settings.notify:
                 from daemon.store.postgres import wakeups
 
-                self.wakeups = wakeups.Listener(str(settings.database))
+                self.wakeups = wakeups.Listener(str(settings.database), own_name=settings.name)
 
     # --- the API other threads use --------------------------------------------------------------
 
@@ -385,9 +387,11 @@ class Supervisor(SendsAhead):
             handles.append(self.wakeups)
         ready = pipes.ready(handles, max(0.0, timeout), writable=unsent)
         if self.wakeups is not None:
-            # Always: it also finds a dead listener and reconnects it (after its backoff); what
-            # woke the loop needs nothing more, as every tick claims what is claimable.
-            self.wakeups.drain()
+            # Always: it also finds a dead listener and reconnects it (after its backoff). Every
+            # tick claims what is claimable; what else another host's commit may have done is end
+            # a task this loop runs (a cancel given there), looked at in the next tick.
+            if self.wakeups.drain() and self.running:
+                self._look_for_replaced = True
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
@@ -616,6 +620,10 @@ class Supervisor(SendsAhead):
             if tasks.heartbeat(self.conn, refs, now) < len(refs):
                 self._abandon_replaced(refs, now)
             self._next_heartbeat = now + self.settings.heartbeat_interval
+        elif self._look_for_replaced and self.running:
+            # Woken by another supervisor: a read, not a heartbeat's write, at each wake-up.
+            self._abandon_replaced([tasks.AttemptRef.of(rt.task) for rt in self.running.values()], now)
+        self._look_for_replaced = False
         if self.lease is not None:
             for rescue in self.lease.tick(self.conn, now):
                 self._outbox.append(functools.partial(recovery.undo_interrupted, self.registry, rescue.interrupted))

@@ -268,9 +268,10 @@ def test_a_cancelled_ffmpeg_saying_end_is_not_reported_as_finishing() -> None:
 @pytest.mark.parametrize("stop", ["cancel", "timeout"])
 def test_a_stopped_transcode_never_shows_100_or_finishing(daemons: Any, clip: Path, tmp_path: Path, stop: str) -> None:
     d = daemons().start()
-    # -re reads the input in real time: three seconds of work, stopped after about one.
+    # -re reads the input in real time: three seconds of work, stopped after about two (a second
+    # was too short for ffmpeg to start on a loaded machine, which then said nothing of a signal).
     payload = {"input": str(clip), "output": str(tmp_path / "clip.mp4"), "input_args": ["-re"]}
-    task_id = d.submit("TRANSCODE_MP4", payload=payload, **({"timeout": 1.0} if stop == "timeout" else {}))
+    task_id = d.submit("TRANSCODE_MP4", payload=payload, **({"timeout": 2.0} if stop == "timeout" else {}))
     if stop == "cancel":
         wait_for(lambda: d.task(task_id)["progress"] > 0)
         d.data("cancel", ids=[task_id])

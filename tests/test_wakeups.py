@@ -192,3 +192,17 @@ def test_a_listener_that_cannot_connect_backs_off(postgres_cluster: Cluster, dat
     clock[0] = 15.0
     assert listener.drain() == 1 and listener.healthy and listener.next_attempt_at is None
     listener.close()
+
+
+@postgres_only
+def test_a_supervisors_own_wake_ups_do_not_wake_its_own_loop(conn: sqlite3.Connection, database: str) -> None:
+    with wakeups.Listener(database, own_name="alpha") as own:
+        conn.notify_sender = "alpha"  # type: ignore[attr-defined]  # its loop's connection
+        with db.write(conn):
+            wakeups.notify(conn)
+        assert pipes.ready([own], WAIT) == [own]  # arrived: what drain reads now holds it
+        assert own.drain() == 0  # its own: not counted
+        conn.notify_sender = "beta"  # type: ignore[attr-defined]  # another supervisor's commit
+        with db.write(conn):
+            wakeups.notify(conn)
+        assert woken(own) == 1

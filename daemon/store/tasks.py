@@ -553,10 +553,13 @@ def requeue(
 def cancel(
     conn: sqlite3.Connection, task_id: str, *, now: float, reason: str = "cancelled by user", known: Task | None = None
 ) -> Task:
-    """Any active status → cancelled; pending dependents are cancelled too."""
-    return transition(
+    """Any active status → cancelled; pending dependents are cancelled too. On a PostgreSQL queue
+    the supervisors are woken at the commit: one that runs the task stops its attempt then."""
+    cancelled = transition(
         conn, task_id, TaskStatus.CANCELLED, now=now, known=known, error=reason, error_type=models.CANCELLED
     )
+    wakeups.notify(conn)
+    return cancelled
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,8 @@ def notify(conn: sqlite3.Connection) -> None:
     in_transaction = conn.in_transaction
     if in_transaction and getattr(conn, "wakeup_queued", False):
         return
-    conn.execute("SELECT pg_notify(?, '')", (CHANNEL,))
+    # Signed with the sender's supervisor name: its own listener need not wake its own loop.
+    conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, getattr(conn, "notify_sender", "")))
     if in_transaction:
         conn.wakeup_queued = True  # type: ignore[attr-defined]  # cleared by the adapter at COMMIT/ROLLBACK
 
@@ -61,8 +62,10 @@ class Listener:
     """
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic,
-                 reconnect_first: float = RECONNECT_FIRST, reconnect_max: float = RECONNECT_MAX) -> None:
+                 reconnect_first: float = RECONNECT_FIRST, reconnect_max: float = RECONNECT_MAX,
+                 own_name: str | None = None) -> None:
         self.url = url
+        self.own_name = own_name  # wake-ups signed with it (sent by this supervisor) are not counted
         self._clock = clock
         self._first = reconnect_first
         self._max = reconnect_max
@@ -109,8 +112,10 @@ class Listener:
             self._lost(now, str(exc))
             return 0
         count = 0
-        while pgconn.notifies() is not None:
-            count += 1
+        own = self.own_name.encode() if self.own_name is not None else None
+        while (notice := pgconn.notifies()) is not None:
+            if own is None or notice.extra != own:
+                count += 1
         if pgconn.status != psycopg.pq.ConnStatus.OK:  # read the server's goodbye, and its end
             self._lost(now, pgconn.get_error_message() or "the connection was closed")
         return count
