@@ -19,7 +19,7 @@ from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
-from daemon.store import backend, cleaning, db, listing, restarts, runs, tasks
+from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -71,6 +71,9 @@ class Reads:
             # While the database cannot be written: what the fault is (None: none).
             "database_fault": daemon["database_fault"],
             "database_faults": daemon["database_faults"],
+            # A shared PostgreSQL queue's supervisors, every host's (SPEC §16); SQLite has its one.
+            **({"supervisors": supervisors.overview(self._reader())}
+               if backend.is_postgres(self.settings.database) else {}),
         }
 
     def op_ls(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,

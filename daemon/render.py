@@ -210,6 +210,10 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
     facts.append(("tasks", ", ".join(shown)))
     if status.get("queues"):
         facts.append(("queues", queues_summary(status["queues"])))
+    for sup in status.get("supervisors") or ():
+        lease = f"lease {sup.get('lease_age', 0):.1f} s old" + (" (expired)" if sup.get("expired") else "")
+        facts.append((f"supervisor {sup.get('name')}",
+                      f"{sup.get('host')} pid {sup.get('pid')}, {sup.get('busy', 0)} busy, {lease}"))
     if status.get("recovering"):
         facts.append(("state", "recovering (not claiming yet)"))
     if status.get("database_fault"):

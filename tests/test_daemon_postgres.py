@@ -330,3 +330,20 @@ def test_a_cancel_given_on_another_host_stops_the_attempt_at_once_not_at_the_nex
     wait_for(lambda: any(e["event"] == "attempt_no_longer_current" and e["task_id"] == task_id
                          for e in alpha.log_events()), timeout=15)
     assert alpha.wait_task(task_id, "cancelled")["supervisor"] == "alpha"
+
+
+def test_status_shows_every_supervisor_with_its_host_lease_age_and_busy_workers(
+    on_postgres: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    alpha = on_postgres("alpha").start()
+    task_id = alpha.submit("HANG", payload=hang(tmp_path, "h"))
+    wait_for((tmp_path / "h.ready").exists, timeout=20)
+    beta = on_postgres("beta").start()
+    shown = json.loads(ok(beta, "status", "--json"))["supervisors"]  # asked of the other host
+    assert [(s["name"], s["pid"], s["busy"], s["expired"]) for s in shown] == [
+        ("alpha", alpha.process.pid, 1, False), ("beta", beta.process.pid, 0, False)]
+    assert all(s["host"] and 0 <= s["lease_age"] < s["lease_timeout"] for s in shown)
+    lines = ok(beta, "status").splitlines()
+    assert any(line.startswith("supervisor alpha") and f"pid {alpha.process.pid}, 1 busy, lease " in line
+               for line in lines), lines
+    alpha.data("cancel", ids=[task_id])

@@ -79,6 +79,22 @@ def list_all(conn: sqlite3.Connection) -> list[SupervisorRow]:
     return [_row(row) for row in conn.execute(_select(conn) + " ORDER BY name")]
 
 
+def overview(conn: sqlite3.Connection) -> list[dict[str, object]]:
+    """Every supervisor of the queue as `fredica status` shows it: its host and pid, the age of its
+    lease by the database's clock, whether it has expired, and how many tasks it runs."""
+    now = _now(conn)
+    rows = conn.execute(
+        f"""SELECT name, host, pid, {now} - heartbeat_at AS lease_age, lease_timeout,
+                   heartbeat_at + lease_timeout < {now} AS expired,
+                   (SELECT count(*) FROM task WHERE task.supervisor = supervisor.name
+                        AND task.status = {statuses.RUNNING}) AS busy
+            FROM supervisor ORDER BY name"""
+    ).fetchall()
+    return [{"name": row["name"], "host": row["host"], "pid": row["pid"],
+             "lease_age": round(max(0.0, float(row["lease_age"])), 3), "lease_timeout": row["lease_timeout"],
+             "expired": bool(row["expired"]), "busy": int(row["busy"])} for row in rows]
+
+
 def register(
     conn: sqlite3.Connection, name: str, *, host: str, pid: int, pid_started_at: float | None,
     lease_timeout: float, gone: Callable[[SupervisorRow], bool],
