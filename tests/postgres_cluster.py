@@ -190,3 +190,12 @@ def running_cluster(prepare: Callable[[str], None]) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def url(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of the test's own, migrated (cloned from the template), dropped after it: for a
+    test of real daemons sharing one PostgreSQL queue (import it: `from tests.postgres_cluster import url`)."""
+    made = postgres_cluster.clone(request.node.name)
+    yield made
+    postgres_cluster.drop(made)

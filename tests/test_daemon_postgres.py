@@ -26,18 +26,10 @@ from daemon.errors import DatabaseFault
 from daemon.store import db, supervisors
 from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
-from tests.postgres_cluster import Cluster
+from tests.postgres_cluster import Cluster, url  # noqa: F401 (url: a database of each test's own)
 from tests.web_harness import free_port
 
 FAULT_EXECUTORS = {"GATED": "tests.fault_executors:Gated"}
-
-
-@pytest.fixture
-def url(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database of this test's own, migrated (cloned from the template)."""
-    made = postgres_cluster.clone(request.node.name)
-    yield made
-    postgres_cluster.drop(made)
 
 
 @pytest.fixture

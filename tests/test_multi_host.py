@@ -17,7 +17,7 @@ from daemon import models
 from daemon.store import db, supervisors
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
-from tests.postgres_cluster import Cluster
+from tests.postgres_cluster import Cluster, url  # noqa: F401 (url: a database of each test's own)
 from tests.shared_queue_executors import tallied
 
 TERMINAL = {status.value for status in models.TERMINAL_STATUSES}
@@ -25,13 +25,6 @@ TERMINAL = {status.value for status in models.TERMINAL_STATUSES}
 # for the wake-ups between supervisors (LISTEN/NOTIFY is not theirs to wait for here).
 SHARED = {"lease_timeout": 2.0, "heartbeat_interval": 0.5, "poll_interval": 0.1, "idle_poll_interval": 0.1,
           "max_workers": 2, "cancel_grace": 0.5}
-
-
-@pytest.fixture
-def url(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    made = postgres_cluster.clone(request.node.name)
-    yield made
-    postgres_cluster.drop(made)
 
 
 @pytest.fixture
