@@ -15,49 +15,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 import psutil
 import pytest
-from click.testing import CliRunner, Result
 
-from daemon import cli, client, faults, models
+from daemon import client, faults, models
 from daemon.errors import DatabaseFault
 from daemon.store import db, supervisors
 from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
-from tests.postgres_cluster import Cluster, url  # noqa: F401 (url: a database of each test's own)
+from tests.postgres_cluster import Cluster
+from tests.postgres_daemons import fredica, hang, ok, on_postgres, url  # noqa: F401 (fixtures)
 from tests.web_harness import free_port
-
-FAULT_EXECUTORS = {"GATED": "tests.fault_executors:Gated"}
-
-
-@pytest.fixture
-def on_postgres(url: str, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Makes real daemons (not yet started) whose database is this test's PostgreSQL database,
-    each in a directory of its own (its socket, logs); kills any still running at the end."""
-    made: list[Daemon] = []
-
-    def make(label: str = "alpha", *, supervisor: str | None = None, **options: Any) -> Daemon:
-        daemon = Daemon(tmp_path / label, database=url, name=supervisor or label, executors=FAULT_EXECUTORS,
-                        **options)
-        made.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in made:
-        daemon.kill_if_running()
-
-
-def fredica(d: Daemon, *args: str) -> Result:
-    return CliRunner().invoke(cli.main, [*args, "--config", str(d.config)], catch_exceptions=False)
-
-
-def ok(d: Daemon, *args: str) -> str:
-    result = fredica(d, *args)
-    assert result.exit_code == 0, (result.output, result.stderr)
-    return result.stdout
-
 
 def lease_of(url: str, name: str) -> supervisors.SupervisorRow | None:
     conn = db.connect_read_only(url)
@@ -65,10 +35,6 @@ def lease_of(url: str, name: str) -> supervisors.SupervisorRow | None:
         return supervisors.find(conn, name)
     finally:
         conn.close()
-
-
-def hang(tmp_path: Path, name: str) -> dict[str, Any]:
-    return {"ready_file": str(tmp_path / f"{name}.ready")}
 
 
 def test_a_task_runs_to_completion_and_names_its_supervisor(on_postgres: Callable[..., Daemon], url: str) -> None:
