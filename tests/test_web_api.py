@@ -1,5 +1,6 @@
 """The HTTP API (SPEC §17) against a real daemon with `[http] listen` on a free port: every
-operation, every class of error, the token, CORS, the body limit, /metrics and the live events."""
+operation, every class of error, the token, CORS, the body limit, /metrics and the live events;
+once on SQLite and once on PostgreSQL (SPEC §16), the same tests."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from click.testing import CliRunner
 from daemon import cli, config, protocol
 from daemon.errors import ConfigError
 from tests.conftest import wait_for
-from tests.web_harness import HttpDaemon
+from tests.postgres_cluster import url  # noqa: F401 (web_database's PostgreSQL half)
+from tests.web_harness import HttpDaemon, module_database, web_database  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
-def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpDaemon]:
-    daemon = HttpDaemon(tmp_path_factory.mktemp("web") / "d", max_workers=3)
+def d(tmp_path_factory: pytest.TempPathFactory, module_database: str | None) -> Iterator[HttpDaemon]:
+    daemon = HttpDaemon(tmp_path_factory.mktemp("web") / "d", database=module_database, max_workers=3)
     try:
         yield daemon.start()
     finally:
@@ -157,6 +159,22 @@ def test_retry_by_ids(d: HttpDaemon) -> None:
     assert wait_status(d, results[0]["new_id"], "failed")["type"] == "RAISE"
     refused = d.post("retry", ids=[])
     assert refused.status == 400 and refused.kind == "ProtocolError"
+
+
+def test_hold_and_release(d: HttpDaemon) -> None:
+    d.api("queue_pause", name="default")  # so that the task waits to be held
+    try:
+        task_id = d.api("submit", tasks=[{"type": "ECHO", "payload": {"held": True}}])["tasks"][0]["id"]
+        held = act(d, "hold", task_id)
+        assert held["ok"], held
+        assert d.api("show", id=task_id)["object"]["is_held"]
+        again = act(d, "hold", task_id)
+        assert not again["ok"] and "\n" not in again["message"], again
+    finally:
+        d.api("queue_resume", name="default")
+    assert d.api("wait", ids=[task_id], timeout=0.5)["ended"] is False  # held: never claimed
+    assert act(d, "release", task_id)["ok"]
+    assert wait_status(d, task_id, "completed")["is_held"] in (0, False)
 
 
 def test_queue_operations(d: HttpDaemon) -> None:
@@ -363,28 +381,35 @@ def test_metrics(d: HttpDaemon) -> None:
 # --- the token file, restarts, start and stop --------------------------------------------------
 
 
-def test_token_file_is_private_kept_across_restarts_and_printed(tmp_path: Path) -> None:
-    d = HttpDaemon(tmp_path / "d")
+def test_token_file_is_private_kept_across_restarts_and_printed(tmp_path: Path, web_database: str | None) -> None:
+    d = HttpDaemon(tmp_path / "d", database=web_database)
     try:
         d.start()
         token = d.token
         assert stat.S_IMODE(os.stat(d.token_file).st_mode) == 0o600 and len(token) >= 32
         printed = CliRunner().invoke(cli.main, ["http-token", "--config", str(d.config)])
         assert printed.exit_code == 0 and printed.output == token + "\n"
-        hang = d.api("submit", tasks=[{"type": "HANG", "payload": {"ready_file": str(tmp_path / "ready")}}])
-        wait_for(lambda: (tmp_path / "ready").exists(), 20)
+        hangs = [d.api("submit", tasks=[{"type": "HANG", "payload": {"ready_file": str(tmp_path / name)}}])
+                 ["tasks"][0]["id"] for name in ("ready", "ready-too")]
+        wait_for(lambda: (tmp_path / "ready").exists() and (tmp_path / "ready-too").exists(), 20)
         d.kill9()
         d.close_http()
         d.start()
         assert d.token == token
-        entries = d.get("/api/v1/restarts").data
-        assert [e["task_id"] for e in entries] == [hang["tasks"][0]["id"]]
-        assert metric(d.get("/metrics").body.decode(), "fredica_restart_log_entries", disposition="pending_review") == 1
-        recreated = d.api("restarts_recreate", ids=[str(entries[0]["id"])])["results"]
+        entries = {e["task_id"]: e for e in d.get("/api/v1/restarts").data}
+        assert sorted(entries) == sorted(hangs)
+        text = d.get("/metrics").body.decode()
+        assert metric(text, "fredica_restart_log_entries", disposition="pending_review") == 2
+        [dismissed] = d.api("restarts_dismiss", ids=[str(entries[hangs[1]]["id"])])["results"]
+        assert dismissed["ok"], dismissed
+        recreated = d.api("restarts_recreate", ids=[str(entries[hangs[0]]["id"])])["results"]
         assert [r["ok"] for r in recreated] == [True] and recreated[0]["run_id"], recreated
-        again = d.api("restarts_recreate", ids=[str(entries[0]["id"])])["results"]
+        again = d.api("restarts_recreate", ids=[str(entries[hangs[0]]["id"])])["results"]
         assert [r["ok"] for r in again] == [False] and "\n" not in again[0]["message"], again
         assert d.get("/api/v1/restarts").data == []
+        text = d.get("/metrics").body.decode()
+        assert metric(text, "fredica_restart_log_entries", disposition="dismissed") == 1
+        assert metric(text, "fredica_restart_log_entries", disposition="recreated") == 1
         # SIGTERM with a live stream open: the daemon still stops cleanly, and soon.
         stream = sse_events(d, "/api/v1/events")
         next(stream)

@@ -1,4 +1,6 @@
-"""A real daemon with its HTTP server on (SPEC §17), and a small keep-alive client of its API."""
+"""A real daemon with its HTTP server on (SPEC §17), and a small keep-alive client of its API;
+the fixtures that give a test's daemon its database once per backend (SPEC §16: §17 holds
+unchanged on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,11 @@ import http.client
 import json
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import pytest
+
+from tests.conftest import BACKENDS
 from tests.daemon_harness import Daemon
 
 TEMPLATE_TOML = """
@@ -55,13 +60,20 @@ class Reply:
 class HttpDaemon(Daemon):
     """A daemon serving HTTP on a free port of 127.0.0.1, with a template of two tasks."""
 
-    def __init__(self, root: Path, *, extra_toml: str = "", **options: Any) -> None:
+    def __init__(self, root: Path, *, extra_toml: str = "", database: str | None = None, **options: Any) -> None:
+        """`database`: a PostgreSQL URL; None: a SQLite file of the daemon's own."""
         self.port = free_port()
         self.count_file, self.state_file = root / "count", root / "state-file"
         templates = TEMPLATE_TOML.replace("COUNT_FILE", str(self.count_file)).replace("STATE_FILE", str(self.state_file))
-        super().__init__(root, extra_toml=f'[http]\nlisten = "127.0.0.1:{self.port}"\n{templates}\n{extra_toml}',
-                         **options)
-        self.token_file = self.database.parent / "http-token"
+        http = f'[http]\nlisten = "127.0.0.1:{self.port}"\n'
+        if database is not None:
+            # A URL's default token file is the user's state directory (tested in
+            # test_daemon_postgres.py): a test daemon keeps its own under its root instead.
+            http += f"token_file = {json.dumps(str(root / 'state' / 'http-token'))}\n"
+            options["database"] = database
+        super().__init__(root, extra_toml=f"{http}{templates}\n{extra_toml}", **options)
+        self.token_file = root / "state" / "http-token"
+        self.url = database
         self._http: http.client.HTTPConnection | None = None
 
     @property
@@ -109,3 +121,24 @@ class HttpDaemon(Daemon):
         if self._http is not None:
             self._http.close()
             self._http = None
+
+
+def _database(request: pytest.FixtureRequest, postgres: str) -> Iterator[str | None]:
+    if request.param == "sqlite":
+        yield None
+    else:
+        yield request.getfixturevalue(postgres)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The `database` of a module's long-lived HttpDaemon, once per backend: None (its own SQLite
+    file) or the module's PostgreSQL database (skipped without PostgreSQL, failed under CI=true)."""
+    yield from _database(request, "postgres_module_database")
+
+
+@pytest.fixture(params=BACKENDS)
+def web_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The `database` of a test's own HttpDaemon, once per backend: None or a PostgreSQL
+    database of the test's own."""
+    yield from _database(request, "url")
