@@ -22,7 +22,7 @@ from daemon import cli, config, protocol
 from daemon.errors import ConfigError
 from tests.conftest import wait_for
 from tests.postgres_cluster import url  # noqa: F401 (web_database's PostgreSQL half)
-from tests.web_harness import HttpDaemon, module_database, web_database  # noqa: F401 (fixtures)
+from tests.web_harness import HttpDaemon, module_database, sse_events, web_database  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -293,26 +293,6 @@ def test_page_tasks_are_newest_first_and_paged(d: HttpDaemon) -> None:
     assert [t["id"] for t in d.get(f"/api/v1/page/tasks?run={run[:8]}").data["tasks"]] == [ids[1]]
     assert d.get("/api/v1/page/tasks?status=bogus").status == 400
     assert d.get("/api/v1/page/tasks?limit=0").status == 400
-
-
-def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=20)
-    conn.request("GET", path, headers={"Authorization": f"Bearer {d.token}"})
-    response = conn.getresponse()
-    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
-    event = None
-    try:
-        while True:
-            line = response.readline()
-            if not line:
-                return
-            text = line.decode().rstrip("\n")
-            if text.startswith("event: "):
-                event = text[len("event: "):]
-            elif text.startswith("data: "):
-                yield event, json.loads(text[len("data: "):])
-    finally:
-        conn.close()
 
 
 def test_task_log_is_followed_until_the_task_ends(d: HttpDaemon) -> None:

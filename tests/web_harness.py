@@ -123,6 +123,27 @@ class HttpDaemon(Daemon):
             self._http = None
 
 
+def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
+    """The (event, data) pairs of a server-sent event stream of `d`, as they come."""
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=20)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {d.token}"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    event = None
+    try:
+        while True:
+            line = response.readline()
+            if not line:
+                return
+            text = line.decode().rstrip("\n")
+            if text.startswith("event: "):
+                event = text[len("event: "):]
+            elif text.startswith("data: "):
+                yield event, json.loads(text[len("data: "):])
+    finally:
+        conn.close()
+
+
 def _database(request: pytest.FixtureRequest, postgres: str) -> Iterator[str | None]:
     if request.param == "sqlite":
         yield None

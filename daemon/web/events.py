@@ -7,6 +7,11 @@ running tasks and the rows added since its last look (`store.live`), compares th
 saw, and encodes what changed once. That text goes to every subscriber's queue on the HTTP event
 loop. So five pages cost what one does, and a page is at most about INTERVAL behind the database.
 A subscriber too slow to keep up is told to load again (`resync`) and dropped, never waited for.
+
+On PostgreSQL (SPEC §16) this supervisor's commits are not all there is to see: the others of the
+database run tasks and record their progress, and tell nobody (they NOTIFY submits and ends, not
+progress). So there the producer looks every INTERVAL while a page is open, whatever this loop did:
+the page of any host shows every task of the queue live.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 import structlog
 
 from daemon import faults
-from daemon.store import db, live, tasks
+from daemon.store import backend, db, live, tasks
 
 log = structlog.get_logger("fredica.http")
 INTERVAL = 0.2  # seconds between two looks at most: the page's lag behind the database
@@ -47,6 +52,8 @@ class TaskChanges:
         self.commits = commits
         self.wait_for_commit = wait_for_commit
         self.interval = interval
+        # Other supervisors write this database too: their changes come with no commit of ours.
+        self.shared = backend.is_postgres(database)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._subscribers: set[asyncio.Queue[bytes | None]] = set()  # touched on the event loop only
         self._has_subscribers = threading.Event()
@@ -123,10 +130,11 @@ class TaskChanges:
             while not self._stopping.is_set():
                 if not self._has_subscribers.wait(1.0):
                     continue
-                commits = self.wait_for_commit(seen_commits, 1.0)
-                if commits == seen_commits or self._stopping.is_set():
-                    continue
-                seen_commits = commits
+                if not self.shared:
+                    commits = self.wait_for_commit(seen_commits, 1.0)
+                    if commits == seen_commits or self._stopping.is_set():
+                        continue
+                    seen_commits = commits
                 try:
                     if db.is_lost(conn):  # a PostgreSQL restart: a new session, or the same error again
                         db.reconnect(conn)
