@@ -1,5 +1,6 @@
 """The live feed's producer (`daemon.web.events.TaskChanges.look`) and the page's reads
-(`daemon.store.live`), stepped against a real SQLite file, no daemon."""
+(`daemon.store.live`), stepped against a real SQLite file, no daemon; and on PostgreSQL, where
+writers on other hosts commit their rows' seqs out of order."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from daemon.store import live, tasks
+from daemon.store import db, live, tasks
 from daemon.submission import parse_spec
 from daemon.web import events
+from tests.postgres_cluster import url  # noqa: F401 (a PostgreSQL database of the test's own)
 
 T0 = 1_000.0
 
@@ -22,7 +24,7 @@ def submit(conn: sqlite3.Connection, count: int, task_type: str = "ECHO") -> lis
     return [t.id for t in tasks.submit(conn, specs, now=T0).tasks]
 
 
-def feed(db_path: Path) -> events.TaskChanges:
+def feed(db_path: Path | str) -> events.TaskChanges:
     return events.TaskChanges(db_path, commits=lambda: 0, wait_for_commit=lambda seen, timeout: 0)
 
 
@@ -82,6 +84,48 @@ def test_a_flood_of_new_rows_asks_the_pages_to_load_again(conn: sqlite3.Connecti
     assert look(changes, conn, now=0.1) is None  # past the flood: its rows are not sent later
     newer = submit(conn, 1)
     assert ids_of(look(changes, conn, now=0.2)) == newer
+
+
+class Aborted(Exception):
+    """Raised to roll a writer's transaction back."""
+
+
+def test_a_row_committed_after_a_newer_one_is_sent_all_the_same(url: str) -> None:
+    # Two supervisors' submits: the first takes its seq, the second a greater one and commits
+    # first. "Rows after the greatest seq seen" would never send the first.
+    first, second, reader = db.open_database(url), db.open_database(url), db.connect_reader(url)
+    try:
+        changes = feed(url)
+        with db.write(first):
+            [early] = submit(first, 1)
+            [late] = submit(second, 1)
+            assert ids_of(look(changes, reader, now=0)) == [late]
+            assert look(changes, reader, now=0.2) is None  # read again while the gap is open: not sent twice
+        assert ids_of(look(changes, reader, now=0.4)) == [early]
+        assert look(changes, reader, now=0.6) is None
+        [newer] = submit(second, 1)
+        assert ids_of(look(changes, reader, now=0.8)) == [newer]
+    finally:
+        for conn in (first, second, reader):
+            conn.close()
+
+
+def test_a_seq_never_committed_is_given_up_after_a_while(url: str) -> None:
+    # A rolled-back submit (or an idempotent one that met its key) leaves a seq no row will have.
+    writer, reader = db.open_database(url), db.connect_reader(url)
+    try:
+        changes = feed(url)
+        with pytest.raises(Aborted), db.write(writer):
+            submit(writer, 1)
+            raise Aborted
+        [after] = submit(writer, 1)
+        assert ids_of(look(changes, reader, now=0)) == [after]
+        assert look(changes, reader, now=events.GAP_WAIT - 0.1) is None
+        assert look(changes, reader, now=events.GAP_WAIT + 0.1) is None
+        assert changes.arrivals.horizon == live.last_seq(reader)  # nothing read again from now on
+    finally:
+        writer.close()
+        reader.close()
 
 
 def test_newest_tasks_by_page(conn: sqlite3.Connection) -> None:

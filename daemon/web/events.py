@@ -34,11 +34,53 @@ COUNTS_INTERVAL = 1.0  # the counts by status (a scan of an index) are read at m
 ADDED_MAX = 500  # new rows sent one by one per look; past that the pages are told to load again
 KEEPALIVE = 15.0  # seconds between comments on a quiet stream, so a gone client is noticed
 QUEUE_MAX = 64  # events a subscriber may lag behind before it is dropped
+# Seconds a seq missing below seen ones is waited for: longer than a writer's transaction takes
+# from its insert to its commit, short enough that rows above it are not read again for long.
+GAP_WAIT = 10.0
 
 
 def sse(event: str, data: Any) -> bytes:
     """One server-sent event."""
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class Arrivals:
+    """Which rows read by `seq` are new, where seqs may be committed out of order.
+
+    On SQLite the one writer commits seqs in order, so "after the greatest seq seen" is exact. On
+    PostgreSQL each supervisor's transaction takes its seqs when it inserts and shows them when it
+    commits: a row of seq 10 can appear after one of seq 11 was seen. So the horizon stops below a
+    missing seq, and the rows above it are read again (those sent left out) until it appears or
+    has been missing for GAP_WAIT: a rolled-back insert, or an idempotent submit that met its
+    key, leaves a seq that no row will ever have."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = horizon  # every seq up to here was sent or given up: read after it
+        self._sent: set[int] = set()  # seqs above the horizon already sent
+        self._missing_since: tuple[float, int] | None = None  # when seqs went missing, and below which
+
+    def fresh(self, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """The rows of `rows` (read after the horizon) not sent before; the horizon moved on."""
+        new = [row for row in rows if row["seq"] not in self._sent]
+        self._sent.update(row["seq"] for row in new)
+        self._advance(now)
+        return new
+
+    def skip_to(self, seq: int) -> None:
+        """Everything up to `seq` counts as sent (the pages were told to load again)."""
+        self.horizon, self._sent, self._missing_since = seq, set(), None
+
+    def _advance(self, now: float) -> None:
+        while self.horizon + 1 in self._sent:
+            self._sent.remove(self.horizon + 1)
+            self.horizon += 1
+        if not self._sent:
+            self._missing_since = None  # no seq is missing below a seen one
+        elif self._missing_since is None or self._missing_since[1] <= self.horizon:
+            self._missing_since = (now, max(self._sent))
+        elif now - self._missing_since[0] >= GAP_WAIT:
+            # Every seq still missing below that bound has been missing for GAP_WAIT: given up.
+            self.skip_to(self._missing_since[1])
 
 
 class TaskChanges:
@@ -60,7 +102,7 @@ class TaskChanges:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: dict[str, dict[str, Any]] = {}  # the active tasks as last sent
-        self._last_seq = 0
+        self.arrivals = Arrivals(0)  # the rows added since the last look, by seq
         self._counts: dict[str, int] | None = None
         self._counts_at = float("-inf")  # the first look reads them
         self.looks = 0  # how many times the database was read (for tests and benchmarks)
@@ -125,7 +167,7 @@ class TaskChanges:
     def _run(self) -> None:
         conn = db.connect_reader(self.database)
         try:
-            self._last_seq = live.last_seq(conn)
+            self.arrivals = Arrivals(live.last_seq(conn))
             seen_commits = -1
             while not self._stopping.is_set():
                 if not self._has_subscribers.wait(1.0):
@@ -160,11 +202,12 @@ class TaskChanges:
         changed = [row for task_id, row in current.items() if self._seen.get(task_id) != row]
         left = [task_id for task_id in self._seen if task_id not in current]
         changed += live.by_ids(conn, left)
-        added = live.added_since(conn, self._last_seq, ADDED_MAX)
+        added = live.added_since(conn, self.arrivals.horizon, ADDED_MAX)
         resync = len(added) == ADDED_MAX
-        if added:
-            self._last_seq = added[-1]["seq"] if not resync else live.last_seq(conn)
-            changed += [row for row in added if row["id"] not in current]
+        if resync:
+            self.arrivals.skip_to(live.last_seq(conn))
+        else:
+            changed += [row for row in self.arrivals.fresh(added, now) if row["id"] not in current]
         self._seen = current
         message: dict[str, Any] = {}
         if changed and not resync:
