@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -22,7 +21,7 @@ from daemon import cli, config, protocol
 from daemon.errors import ConfigError
 from tests.conftest import wait_for
 from tests.postgres_cluster import url  # noqa: F401 (web_database's PostgreSQL half)
-from tests.web_harness import HttpDaemon, module_database, sse_events, web_database  # noqa: F401 (fixtures)
+from tests.web_harness import HttpDaemon, metric, module_database, sse_events, web_database  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -323,18 +322,6 @@ def test_events_push_progress_and_the_end_of_a_task(d: HttpDaemon) -> None:
 
 
 # --- /metrics ----------------------------------------------------------------------------------
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
-        if match and match.group(1) == name:
-            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-            if all(found.get(key) == value for key, value in labels.items()):
-                return float(match.group(3))
-    raise AssertionError(f"no {name} {labels} in /metrics")
 
 
 def test_metrics(d: HttpDaemon) -> None:

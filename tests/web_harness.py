@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any, Iterator
@@ -142,6 +143,19 @@ def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
                 yield event, json.loads(text[len("data: "):])
     finally:
         conn.close()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of a /metrics text, found by its name and labels."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if match and match.group(1) == name:
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            if all(found.get(key) == value for key, value in labels.items()):
+                return float(match.group(3))
+    raise AssertionError(f"no {name} {labels} in /metrics")
 
 
 def _database(request: pytest.FixtureRequest, postgres: str) -> Iterator[str | None]:

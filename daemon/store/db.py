@@ -18,11 +18,13 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol, TypeVar
 
 from daemon import paths
 from daemon.errors import DatabaseUnusable  # noqa: F401 (re-exported: this module's errors live in the catalogue)
 from daemon.store import backend, migrations
+
+T = TypeVar("T")
 
 SYNCHRONOUS_LEVELS = ("NORMAL", "FULL")
 BUSY_TIMEOUT = 10.0  # seconds a write waits for another process's lock
@@ -135,11 +137,12 @@ def connect_read_only(path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -
 
 def connect_reader(database: str | Path) -> sqlite3.Connection:
     """A connection beside the loop's that never writes (`query_only`; on PostgreSQL a read-only
-    session), to a database the daemon has opened already."""
+    session), to a database the daemon has opened already: a PostgreSQL server that cannot be
+    reached is away for now, an OperationalError as for a lost session (UNAVAILABLE)."""
     if backend.is_postgres(database):
         from daemon.store.postgres import connection
 
-        return connection.connect(str(database), read_only=True)  # type: ignore[return-value]
+        return connection.connect(str(database), read_only=True, reached_before=True)  # type: ignore[return-value]
     conn = connect(database)
     conn.execute("PRAGMA query_only = ON")
     return conn
@@ -201,6 +204,17 @@ class ThreadReaders:
         """Whether this thread's connection has lost its session (the next call opens another)."""
         conn = getattr(self._local, "conn", None)
         return conn is not None and is_lost(conn)
+
+    def read(self, reading: Callable[[sqlite3.Connection], T]) -> T:
+        """`reading(conn)` on this thread's connection, made once more on a new session if the
+        one it had was lost (a PostgreSQL restart since this thread last read): a read wrote
+        nothing, and a restart long over is no error to report."""
+        try:
+            return reading(self())
+        except sqlite3.DatabaseError:
+            if not self.lost():
+                raise
+        return reading(self())
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:

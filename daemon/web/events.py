@@ -169,6 +169,7 @@ class TaskChanges:
         try:
             self.arrivals = Arrivals(live.last_seq(conn))
             seen_commits = -1
+            failing = False  # the last look failed
             while not self._stopping.is_set():
                 if not self._has_subscribers.wait(1.0):
                     continue
@@ -181,11 +182,13 @@ class TaskChanges:
                     if db.is_lost(conn):  # a PostgreSQL restart: a new session, or the same error again
                         db.reconnect(conn)
                     changes = self.look(conn, time.monotonic())
+                    failing = False
                 except sqlite3.Error as exc:  # a fault the loop deals with; the page waits
                     if isinstance(exc, sqlite3.DatabaseError) and self.report_corruption is not None:
                         faults.reader_refusal(exc, self.report_corruption)  # corruption ends the daemon
-                    log.warning("http_events_read_failed", error=str(exc))
-                    changes = None
+                    if not failing:  # once per outage: on PostgreSQL it fails at every look until it ends
+                        log.warning("http_events_read_failed", error=str(exc))
+                    failing, changes = True, None
                 if changes is not None and self.loop is not None:
                     try:
                         self.loop.call_soon_threadsafe(self._fan_out, changes)

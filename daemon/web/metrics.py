@@ -11,11 +11,14 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Iterator
 
+import structlog
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from daemon import faults
 from daemon.store import db, live
+
+log = structlog.get_logger("fredica.http")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: from a quick SHELL task to a transcode of hours.
@@ -31,17 +34,28 @@ class FredicaCollector:
         self._reader = db.ThreadReaders(self.sup.settings.database)
 
 
+    def _tallies(self) -> tuple[list[tuple[str, str, int]], dict[str, int]] | None:
+        """The tasks by status and queue and the restart log by disposition; None while the
+        database cannot be reached (a PostgreSQL server away), when a scrape must still say what
+        the daemon knows in memory: that it rides a fault out, first of all."""
+        try:
+            return self._reader.read(lambda conn: (live.tasks_by_status_and_queue(conn),
+                                                   live.restart_entries_by_disposition(conn)))
+        except sqlite3.DatabaseError as exc:
+            if faults.classify(exc) is faults.Kind.UNAVAILABLE:
+                log.warning("metrics_database_unavailable", error=str(exc))
+                return None
+            raise faults.reader_refusal(exc, self.sup.report_corruption) from None
+
     def collect(self) -> Iterator[Metric]:
         sup = self.sup
-        conn = self._reader()
-        by_status = GaugeMetricFamily("fredica_tasks", "Tasks stored, by status and queue", labels=["status", "queue"])
-        try:
-            counted = live.tasks_by_status_and_queue(conn)
-        except sqlite3.DatabaseError as exc:
-            raise faults.reader_refusal(exc, sup.report_corruption) from None
-        for status, queue, count in counted:
-            by_status.add_metric([status, queue], count)
-        yield by_status
+        tallies = self._tallies()
+        if tallies is not None:
+            by_status = GaugeMetricFamily("fredica_tasks", "Tasks stored, by status and queue",
+                                          labels=["status", "queue"])
+            for status, queue, count in tallies[0]:
+                by_status.add_metric([status, queue], count)
+            yield by_status
         busy = sup.busy_by_queue()
         workers = GaugeMetricFamily("fredica_workers", "Worker slots, by queue", labels=["queue"])
         busy_workers = GaugeMetricFamily("fredica_busy_workers", "Workers running an attempt, by queue",
@@ -56,11 +70,12 @@ class FredicaCollector:
         for status, count in sup.finished_counts.items():
             finished.add_metric([str(status)], count)
         yield finished
-        restarts = GaugeMetricFamily("fredica_restart_log_entries", "Restart-log entries, by disposition",
-                                     labels=["disposition"])
-        for disposition, count in live.restart_entries_by_disposition(conn).items():
-            restarts.add_metric([disposition], count)
-        yield restarts
+        if tallies is not None:
+            restarts = GaugeMetricFamily("fredica_restart_log_entries", "Restart-log entries, by disposition",
+                                         labels=["disposition"])
+            for disposition, count in tallies[1].items():
+                restarts.add_metric([disposition], count)
+            yield restarts
         yield CounterMetricFamily("fredica_database_faults", "Database write faults ridden out since start",
                                   value=sup.database_faults)
         yield GaugeMetricFamily("fredica_database_fault_active", "1 while the database cannot be written",

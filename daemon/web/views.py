@@ -43,11 +43,13 @@ class Views:
                     limit: int) -> dict[str, Any]:
         if status is not None and status not in models.TASK_FILTER_WORDS:
             raise errors.ProtocolError(f"unknown status {protocol.shown(status)}")
-        conn = self._reader()
-        try:
+
+        def page(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int]:
             run_id = None if run is None else id_store.run_id(conn, run)
-            rows, total = live.newest(conn, status=status, run_id=run_id, task_type=task_type, before=before,
-                                      limit=limit)
+            return live.newest(conn, status=status, run_id=run_id, task_type=task_type, before=before, limit=limit)
+
+        try:
+            rows, total = self._reader.read(page)
         except sqlite3.DatabaseError as exc:
             raise faults.reader_refusal(exc, self.report_corruption) from None
         return {"tasks": rows, "total": total}

@@ -217,9 +217,7 @@ class PostgresConnection:
         try:
             self.raw = _raw_connection(self.url, self.read_only, connect_timeout=RECONNECT_TIMEOUT)
         except psycopg.Error as exc:
-            error = sqlite3.OperationalError(f"cannot reach the database: {_first_line(exc)}")
-            error.sqlstate = exc.sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
-            raise error from exc
+            raise _unreachable(exc) from exc
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
         deferred = self.deferred
@@ -285,13 +283,24 @@ def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connec
     return raw
 
 
-def connect(url: str, *, read_only: bool = False) -> PostgresConnection:
+def _unreachable(exc: psycopg.Error) -> sqlite3.OperationalError:
+    """What failing to reach a server that was reached before says: a lost connection, a fault
+    that passes (`daemon.faults`: UNAVAILABLE)."""
+    error = sqlite3.OperationalError(f"cannot reach the database: {_first_line(exc)}")
+    error.sqlstate = exc.sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
+    return error
+
+
+def connect(url: str, *, read_only: bool = False, reached_before: bool = False) -> PostgresConnection:
     """A connection to the database at `url`, schema untouched (`read_only`: one that refuses
     every write, for the readers beside the loop and the CLI's reads with no daemon).
-    DatabaseUnusable when it cannot be reached."""
+    DatabaseUnusable when it cannot be reached; with `reached_before` (a reader beside a daemon
+    that opened it), the OperationalError of a lost connection instead: the server is away now."""
     try:
         raw = _raw_connection(url, read_only)
     except psycopg.Error as exc:
+        if reached_before:
+            raise _unreachable(exc) from exc
         raise DatabaseUnusable(f"cannot connect to the database {backend.shown(url)}: {_first_line(exc)}") from None
     return PostgresConnection(raw, url, read_only=read_only)
 
