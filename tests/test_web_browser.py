@@ -1,4 +1,4 @@
-"""The web page (SPEC §17) in a real headless Chromium (Debian's `chromium`), driven by Playwright
+"""The web page (SPEC §17), on SQLite and on PostgreSQL, in a real headless Chromium (Debian's `chromium`), driven by Playwright
 pointed at that binary (its own browser download is never used).
 
 Without Chromium or Playwright these tests skip with a message on a developer's machine; under
@@ -16,7 +16,9 @@ import pytest
 
 from daemon import protocol
 from tests.conftest import wait_for
-from tests.web_harness import HttpDaemon
+from tests.daemon_harness import Daemon
+from tests.postgres_cluster import url  # noqa: F401 (web_database's PostgreSQL half)
+from tests.web_harness import QUIET_LOOP, HttpDaemon, web_database  # noqa: F401 (fixtures)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -75,8 +77,9 @@ def shown_status(page: Any, task_id: str) -> str | None:
     return row(page, task_id).get_attribute("data-status", timeout=10_000)
 
 
-def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any) -> None:
-    d = HttpDaemon(tmp_path / "d", max_workers=3)
+def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any, web_database: str | None) -> None:
+    # On PostgreSQL too (SPEC §16): the same page, the same live progress, the same restart log.
+    d = HttpDaemon(tmp_path / "d", database=web_database, max_workers=3)
     try:
         d.start()
         page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -162,6 +165,42 @@ def test_the_page_drives_the_daemon(tmp_path: Path, browser: Any) -> None:
         d.api("cancel", ids=[new_task["id"]])
     finally:
         d.kill_if_running()
+
+
+def log_in(page: Any, d: HttpDaemon) -> None:
+    page.goto(d.base_url + "/")
+    page.fill("#token", d.token)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#live.on", timeout=10_000)
+
+
+def test_the_page_shows_a_task_another_supervisor_runs_live_and_cancels_it(
+    tmp_path: Path, browser: Any, url: str
+) -> None:
+    # Two supervisors of one PostgreSQL queue (SPEC §16): the task runs on the other, in a queue
+    # only it serves; this one's page follows its progress and its cancel stops it there.
+    web = HttpDaemon(tmp_path / "web", database=url, name="web", **QUIET_LOOP)
+    other = Daemon(tmp_path / "other", database=url, name="other", extra_toml="[queues.remote]\nworkers = 1\n")
+    try:
+        web.start()
+        other.start()
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        log_in(page, web)
+        task_id = other.submit("COUNT", queue="remote", payload={
+            "n": 2000, "step": 0.05, "count_file": str(tmp_path / "count"), "state_file": str(tmp_path / "state")})
+        page.wait_for_selector(f'#tasks tr[data-id="{task_id}"]', timeout=10_000)
+        first = wait_for(lambda: progress_of(page, task_id) > 0 and progress_of(page, task_id), 20)
+        wait_for(lambda: progress_of(page, task_id) >= first + 2, 20)
+        assert shown_status(page, task_id) == "running" and web.task(task_id)["supervisor"] == "other"
+        row(page, task_id).locator('button[data-op="cancel"]').click()
+        wait_for(lambda: shown_status(page, task_id) == "cancelled", 20)
+        assert other.task(task_id)["error_type"] == "CANCELLED"
+        assert errors == []
+    finally:
+        web.kill_if_running()
+        other.kill_if_running()
 
 
 def test_a_wrong_token_is_asked_for_again(tmp_path: Path, browser: Any) -> None:

@@ -11,17 +11,14 @@ from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests.postgres_cluster import Cluster
 from tests.postgres_daemons import on_postgres, url  # noqa: F401 (fixtures)
-from tests.web_harness import HttpDaemon, metric, sse_events
+from tests.web_harness import QUIET_LOOP, HttpDaemon, metric, sse_events
 
-# Every timer of the page's host far away: its loop wakes only for the others' submits and ends
-# (NOTIFY), so its page can learn of the others' progress only from the database.
-QUIET = {"idle_poll_interval": 60, "poll_interval": 60, "heartbeat_interval": 30, "lease_timeout": 90}
 
 
 def test_progress_of_a_task_another_supervisor_runs_reaches_this_page_live(
     on_postgres: Callable[..., Daemon], url: str, tmp_path: Path
 ) -> None:
-    web = HttpDaemon(tmp_path / "web", database=url, name="web", **QUIET)
+    web = HttpDaemon(tmp_path / "web", database=url, name="web", **QUIET_LOOP)
     # A queue only the other supervisor serves: the task can only run there.
     other = on_postgres("other", extra_toml="[queues.remote]\nworkers = 1\n")
     try:

@@ -37,6 +37,10 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
+# Every timer of a daemon's loop far away: on PostgreSQL it then wakes only for the others' submits
+# and ends (NOTIFY), so its page can learn of the others' progress only from the database.
+QUIET_LOOP = {"idle_poll_interval": 60, "poll_interval": 60, "heartbeat_interval": 30, "lease_timeout": 90}
+
 
 class Reply:
     """One HTTP answer: status, headers, and the body (parsed as JSON when it is)."""
