@@ -110,6 +110,10 @@ class ActingHandlers:
         def one(target: Target) -> tuple[str, dict[str, Any]]:
             assert target.id is not None
             task = self.sup.pause(target.id) if paused else self.sup.resume(target.id)
+            owner = self.sup.owner_elsewhere(task)
+            if owner is not None:  # asked of it (SPEC §16): it acts on it within a second
+                return (f"{'pause' if paused else 'resume'} of {task.id} asked of supervisor {owner}",
+                        {"is_paused": task.is_paused, "asked_of": owner})
             return f"{'paused' if paused else 'resumed'} {task.id}", {"is_paused": task.is_paused}
 
         return self._act(chosen, reach, bulk.each(self.sup.conn, one))

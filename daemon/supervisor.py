@@ -29,6 +29,7 @@ from daemon import dispatch, faults, handoff, messages, models, outcomes, pipes,
 from daemon import leases, recovery
 from daemon.engine import cleaning, event_loops, executor_processes
 from daemon.engine.attempt import AHEAD, Attempt, Phase
+from daemon.engine.other_hosts import FollowsOtherHosts
 from daemon.engine.sending_ahead import SendsAhead
 from daemon.config import Settings
 from daemon.errors import InvalidTransition, StaleAttempt
@@ -80,7 +81,7 @@ class LoopIO(Protocol):
     def flush(self) -> None: ...
 
 
-class Supervisor(SendsAhead):
+class Supervisor(SendsAhead, FollowsOtherHosts):
     """Owns the database connection and the executor subprocesses of one daemon."""
 
     def __init__(
@@ -157,7 +158,7 @@ class Supervisor(SendsAhead):
         # There too, the others' commits that may have made a task claimable here wake this loop
         # (LISTEN/NOTIFY), rather than wait for its next poll; `[daemon] notify = false` polls only.
         self.wakeups: Any = None  # a wakeups.Listener
-        self._look_for_replaced = False  # woken by one: are the rows of our attempts still ours?
+        self._init_other_hosts()
         if self.lease is not None:
             self.conn.notify_wakeups = settings.notify  # type: ignore[attr-defined]
             self.conn.notify_sender = settings.name  # type: ignore[attr-defined]
@@ -615,15 +616,12 @@ class Supervisor(SendsAhead):
             self._guard(rt, self._enforce_deadlines, rt, now)
         self._loops_due = [due for loops in self.loops.values() for due in loops.watch(now)]
         self._write_mirrors(now)
+        heartbeat_missed = False
         if now >= self._next_heartbeat and self.running:
             refs = [tasks.AttemptRef.of(rt.task) for rt in self.running.values()]
-            if tasks.heartbeat(self.conn, refs, now) < len(refs):
-                self._abandon_replaced(refs, now)
+            heartbeat_missed = tasks.heartbeat(self.conn, refs, now) < len(refs)
             self._next_heartbeat = now + self.settings.heartbeat_interval
-        elif self._look_for_replaced and self.running:
-            # Woken by another supervisor: a read, not a heartbeat's write, at each wake-up.
-            self._abandon_replaced([tasks.AttemptRef.of(rt.task) for rt in self.running.values()], now)
-        self._look_for_replaced = False
+        self._follow_other_hosts(now, heartbeat_missed=heartbeat_missed)  # a read, not a heartbeat's write
         if self.lease is not None:
             for rescue in self.lease.tick(self.conn, now):
                 self._outbox.append(functools.partial(recovery.undo_interrupted, self.registry, rescue.interrupted))
@@ -642,14 +640,6 @@ class Supervisor(SendsAhead):
             # took long, and the next ping must be spaced from when this one was sent.
             self.notifier.tick(self.clock(), self.summary())
         return self._next_timeout(now)
-
-    def _abandon_replaced(self, refs: Sequence[tasks.AttemptRef], now: float) -> None:
-        """Attempts of ours whose task row has moved on (rescued while this supervisor was taken
-        for dead, or cancelled from another host): their writes are refused, and they are told to
-        stop rather than work on for nothing."""
-        for task_id in tasks.not_current(self.conn, refs):
-            log.warning("attempt_no_longer_current", task_id=task_id, action="stopping it; its writes are ignored")
-            self._request_stop(task_id, "cancel", now)
 
     def _remove_finished(self, now: float) -> None:
         """A chunk of `keep_finished`'s pass, when one is due; its logs go after the commit."""
@@ -775,6 +765,8 @@ class Supervisor(SendsAhead):
             deadlines.append(self.keep_finished.next_at)
         if self.lease is not None:
             deadlines.append(self.lease.next_at)
+            if self.running or self.ahead:
+                deadlines.append(self._next_look)  # what other hosts asked of our attempts
         if self._shutdown_deadline is not None and self._shutdown_deadline > now:
             deadlines.append(self._shutdown_deadline)
         ping_at = self.notifier.next_update()
@@ -1094,10 +1086,13 @@ class Supervisor(SendsAhead):
 
     def _set_paused(self, given_id: str, paused: bool, now: float) -> Task:
         task_id = id_store.task_id(self.conn, given_id)
-        rt = self.running.get(task_id)
-        task, command = messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), rt, paused, now)
+        rt, task = self.running.get(task_id), tasks.get(self.conn, task_id)
+        owner = self.owner_elsewhere(task)
+        if owner is not None:
+            return self._ask_owner(task, owner, paused)
+        task, command = messages.pause_by_user(self.conn, task, rt, paused, now)
         assert rt is not None  # pause_by_user refuses a task that no attempt of ours runs
-        self._outbox.append(lambda: command() if self.running.get(task_id) is rt else None)
+        self._steer_once_committed(rt, command)
         return task
 
     # --- queues ---------------------------------------------------------------------------------

@@ -130,6 +130,34 @@ def test_a_late_outcome_of_a_rescued_running_attempt_is_refused(conn: sqlite3.Co
     assert (after.status, after.error_type, after.result) == (S.FAILED, models.INTERRUPTED, None)
 
 
+def test_a_pause_asked_of_another_supervisor_names_its_attempt_and_is_not_carried_to_the_next(
+    conn: sqlite3.Connection,
+) -> None:
+    (task_id,) = submit(conn, 1)
+    (first,) = claim(conn, "alpha")
+    running = tasks.start(conn, task_id, now=T0 + 2, known=first)
+    ref = tasks.AttemptRef.of(running)
+    assert tasks.look_at_attempts(conn, [ref]) == tasks.AttemptRows([], {})
+    assert tasks.ask_pause(conn, ref, True)
+    assert tasks.look_at_attempts(conn, [ref]) == tasks.AttemptRows([], {task_id: True})
+    assert tasks.ask_pause(conn, ref, False)  # the latest wish is the one that counts
+    assert tasks.look_at_attempts(conn, [ref]).pause_wanted == {task_id: False}
+    tasks.answer_pause(conn, ref)
+    assert tasks.look_at_attempts(conn, [ref]) == tasks.AttemptRows([], {})
+
+    assert tasks.ask_pause(conn, ref, True)  # left unanswered: the attempt ends first
+    tasks.requeue(conn, task_id, now=T0 + 3, known=running)
+    assert not tasks.ask_pause(conn, ref, True)  # not running: nothing to ask
+    assert tasks.look_at_attempts(conn, [ref]) == tasks.AttemptRows([task_id], {})
+    (second,) = claim(conn, "beta")
+    assert not tasks.ask_pause(conn, ref, True)  # a claim is not a start, and names another attempt
+    current = tasks.start(conn, task_id, now=T0 + 4, known=second)
+    new = tasks.AttemptRef.of(current)
+    assert tasks.look_at_attempts(conn, [new]) == tasks.AttemptRows([], {})  # the old wish is not this one's
+    assert not tasks.ask_pause(conn, ref, False)  # the old attempt's fence
+    assert tasks.look_at_attempts(conn, [ref, new]) == tasks.AttemptRows([task_id], {})
+
+
 # --- leases ------------------------------------------------------------------------------------
 
 

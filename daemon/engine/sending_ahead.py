@@ -77,7 +77,10 @@ class SendsAhead:
         wanted = min(budget, free + sum(depth - len(lane.ahead) for lane in room))
         if wanted <= 0:
             return 0, False, False
-        batch = tasks.claim_ready(self.conn, now, wanted, queue=queue, promote_delayed=promote)
+        # Named as every claim of ours: a claim that names no supervisor is any starting one's to
+        # recover (SPEC §16), and no rescue would find it.
+        batch = tasks.claim_ready(self.conn, now, wanted, queue=queue, promote_delayed=promote,
+                                  supervisor=self.settings.name)
         into_free, behind = batch[:free], batch[free:]
         running_before = len(self.running)
         for task in into_free:

@@ -200,7 +200,9 @@ def _transition(
     elif target is TaskStatus.RUNNING:
         raw["started_at"] = "COALESCE(started_at, :now)"
         assignments["heartbeat_at"] = now
-        assignments["is_paused"] = 0
+        # A new attempt starts unpaused, with nothing asked of it by another supervisor yet (an
+        # earlier attempt's unanswered request is not this one's).
+        assignments.update(is_paused=0, pause_wanted=None)
     elif target is TaskStatus.PENDING:
         assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
     else:  # terminal
@@ -659,6 +661,21 @@ def set_paused(conn: sqlite3.Connection, task: str | AttemptRef, paused: bool) -
     return _update_running(conn, [(task, int(paused))], "UPDATE task SET is_paused = ?") == 1
 
 
+def ask_pause(conn: sqlite3.Connection, ref: AttemptRef, paused: bool) -> bool:
+    """Ask the supervisor that runs a task (at that attempt) to pause or resume it: the request of
+    a user on another host of a shared queue (SPEC §16), which wakes the supervisors at the
+    commit. False if the task is not running at that attempt any more."""
+    asked = _update_running(conn, [(ref, int(paused))], "UPDATE task SET pause_wanted = ?") == 1
+    if asked:
+        wakeups.notify(conn)
+    return asked
+
+
+def answer_pause(conn: sqlite3.Connection, ref: AttemptRef) -> None:
+    """Clear what another supervisor asked of this attempt: acted on, or refused."""
+    _update_running(conn, [(ref, None)], "UPDATE task SET pause_wanted = ?")
+
+
 def set_pausable(conn: sqlite3.Connection, task: str | AttemptRef, pausable: bool) -> bool:
     """Record whether a running task can be paused; False if it is not running (at that attempt)."""
     return _update_running(conn, [(task, int(pausable))], "UPDATE task SET is_pausable = ?") == 1
@@ -690,16 +707,35 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str | Atte
     )
 
 
-def not_current(conn: sqlite3.Connection, refs: Sequence[AttemptRef]) -> list[str]:
-    """The ids of those of `refs` whose task is no longer running at that attempt."""
+IN_FLIGHT_VALUES = (TaskStatus.CLAIMED.value, TaskStatus.RUNNING.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRows:
+    """What the rows of a supervisor's running attempts say that others changed (SPEC §16)."""
+
+    replaced: list[str]  # no longer in flight at that attempt: cancelled elsewhere, or rescued
+    pause_wanted: dict[str, bool]  # asked by another supervisor: pause (True) or resume (False)
+
+
+def look_at_attempts(conn: sqlite3.Connection, refs: Sequence[AttemptRef]) -> AttemptRows:
+    """Read the rows of `refs` (one SELECT) for what another supervisor did to them. An attempt
+    sent ahead (SPEC §15) is still `claimed`, at the attempt its claim counted: in flight too."""
+    replaced: list[str] = []
+    wanted: dict[str, bool] = {}
     if not refs:
-        return []
+        return AttemptRows(replaced, wanted)
     found = {row["id"]: row for row in conn.execute(
-        f"SELECT id, status, supervisor, attempt FROM task WHERE id IN ({', '.join('?' * len(refs))})",
+        f"SELECT id, status, supervisor, attempt, pause_wanted FROM task WHERE id IN ({', '.join('?' * len(refs))})",
         [ref.task_id for ref in refs])}
-    return [ref.task_id for ref in refs
-            if (row := found.get(ref.task_id)) is None or row["status"] != TaskStatus.RUNNING.value
-            or (row["supervisor"] or "") != (ref.supervisor or "") or row["attempt"] != ref.attempt]
+    for ref in refs:
+        row = found.get(ref.task_id)
+        if row is None or row["status"] not in IN_FLIGHT_VALUES \
+                or (row["supervisor"] or "") != (ref.supervisor or "") or row["attempt"] != ref.attempt:
+            replaced.append(ref.task_id)
+        elif row["pause_wanted"] is not None:
+            wanted[ref.task_id] = bool(row["pause_wanted"])
+    return AttemptRows(replaced, wanted)
 
 
 # --- startup recovery (SPEC §9) -----------------------------------------------------------------
