@@ -601,9 +601,10 @@ def completion(shell: str) -> None:
 def export(fmt: str, statuses: tuple[str, ...], run_id: str | None, output: Any) -> None:
     """Every task as CSV or JSON lines, read from the database itself.
 
-    The database is opened read-only: the daemon may be running, or not. Says on stderr how many
+    The database (a SQLite file or a PostgreSQL URL) is opened read-only: the daemon may be
+    running, or not. Rows are read a page at a time, from one snapshot. Says on stderr how many
     tasks were written."""
-    from daemon import export as exporting  # only here: sqlite-utils is not for the other commands
+    from daemon import export as exporting  # only here: the store is not for every command
 
     count = exporting.write(exporting.rows(settings().database, statuses=statuses, run=run_id), output, fmt)
     click.echo(f"{count} tasks exported", err=True)
