@@ -159,6 +159,14 @@ def test_every_row_is_copied_and_reads_back_equal(source: tuple[Path, dict[str, 
     assert copied[made["retried"]].not_before == T0 + 60
 
 
+def test_the_copied_tables_have_statistics_for_the_planner(source: tuple[Path, dict[str, Any]], target: str) -> None:
+    # Never analyzed, a table is planned for as nearly empty until autovacuum comes round.
+    path, _ = source
+    assert copy(path, target).exit_code == 0
+    with db.connect_read_only(target) as conn:
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'task'").fetchone()[0] == 10
+
+
 def test_tasks_left_in_flight_are_copied_as_claimed_by_no_supervisor(
     source: tuple[Path, dict[str, Any]], target: str
 ) -> None:

@@ -120,6 +120,9 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
                 cursor.execute(f"SELECT {', '.join(selected)} FROM {_quoted(table)}")
                 rows[table] = target.copy_rows(table, columns, _storable(cursor, replaced))
             _advance_identities(target, [t for t, _ in tables], counters)
+            # Statistics now, not at autovacuum's next round: until then the planner takes the
+            # tables for empty, and picks plans for a handful of rows (a claim, an export's pages).
+            target.execute(f"ANALYZE {', '.join(_quoted(t) for t, _ in tables)}")
             target.execute("COMMIT")
         except BaseException:
             # A connection that broke has nothing to roll back, and its error is the one to report.
