@@ -120,6 +120,20 @@ def test_a_held_task_says_so(tmp_path: Path) -> None:
         ("pending", 1), ("pending", 0)]
 
 
+def test_pages_of_several_statuses_are_read_in_seq_order_not_sorted_each_time(tmp_path: Path) -> None:
+    # Each page sorting every match after it would make an export quadratic in its matches.
+    three_tasks(tmp_path)
+    conn = db.connect_read_only(tmp_path / "fredica.db")
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    assert len(list(export_store.rows(conn, statuses=["waiting", "completed"], page=2))) == 3
+    conn.set_trace_callback(None)
+    [page, *_] = [sql for sql in statements if sql.startswith("SELECT seq")]
+    plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + page))
+    conn.close()
+    assert "INTEGER PRIMARY KEY" in plan and "TEMP B-TREE" not in plan, plan
+
+
 # --- PostgreSQL: the same rows, the same output -------------------------------------------------
 
 
