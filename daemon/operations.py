@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping
 
 from daemon import acting, faults, models, protocol
-from daemon.errors import FredicaError
+from daemon.errors import FredicaError, LogElsewhere
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
 from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, tasks
@@ -148,8 +148,21 @@ class Reads:
             return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
         conn = self._reader()
         task = tasks.get(conn, id_store.task_id(conn, id))
+        self._refuse_a_log_elsewhere(conn, task)
         return {"path": str(self.settings.task_log(task.id)), "active": self._log_may_grow(task),
                 "json_lines": False}
+
+    def _refuse_a_log_elsewhere(self, conn: sqlite3.Connection, task: models.Task) -> None:
+        """LogElsewhere, naming the host, for a task another supervisor of a shared PostgreSQL
+        queue ran last: task logs stay on the host that ran the task (SPEC §16), and this host's
+        log directory holds none of it. A task never claimed, or run here, passes."""
+        if not backend.is_postgres(self.settings.database) or task.supervisor in (None, self.settings.name):
+            return
+        held = supervisors.find(conn, task.supervisor)
+        where = (f"on host {held.host}" if held is not None
+                 else "(its host is not known any more: it holds no lease now)")
+        raise LogElsewhere(f"task {task.id} ran under supervisor {task.supervisor} {where}, which keeps its log: "
+                           f"run `fredica logs {task.id}` on that host")
 
     def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
         return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=all)]

@@ -159,6 +159,14 @@ def test_every_row_is_copied_and_reads_back_equal(source: tuple[Path, dict[str, 
     assert copied[made["retried"]].not_before == T0 + 60
 
 
+def test_the_copied_tables_have_statistics_for_the_planner(source: tuple[Path, dict[str, Any]], target: str) -> None:
+    # Never analyzed, a table is planned for as nearly empty until autovacuum comes round.
+    path, _ = source
+    assert copy(path, target).exit_code == 0
+    with db.connect_read_only(target) as conn:
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'task'").fetchone()[0] == 10
+
+
 def test_tasks_left_in_flight_are_copied_as_claimed_by_no_supervisor(
     source: tuple[Path, dict[str, Any]], target: str
 ) -> None:
@@ -301,8 +309,9 @@ def test_a_bad_or_unreachable_target_is_one_error_line(source: tuple[Path, dict[
     assert fingerprint(path) == before
 
 
-def test_a_failed_copy_writes_nothing(source: tuple[Path, dict[str, Any]], target: str) -> None:
-    """A row PostgreSQL refuses (here a progress SQLite kept as text) rolls the whole copy back."""
+def test_a_failed_copy_leaves_the_target_as_it_was(source: tuple[Path, dict[str, Any]], target: str) -> None:
+    """A row PostgreSQL refuses (here a progress SQLite kept as text), met after the migration,
+    rolls the whole copy back, the migration with it: not even an empty table is left."""
     path, _ = source
     conn = db.connect(path)
     conn.execute("UPDATE task SET progress = 'lots' WHERE seq = (SELECT max(seq) FROM task)")
@@ -312,9 +321,14 @@ def test_a_failed_copy_writes_nothing(source: tuple[Path, dict[str, Any]], targe
 
     assert result.exit_code == 1
     assert result.stderr.startswith("error: the copy failed, nothing was written: ") and result.stderr.count("\n") == 1
-    with db.open_database(target) as conn:  # migrated, and empty
-        assert tasks.list_tasks(conn) == [] and runs.list_runs(conn) == []
-        assert restarts.list_entries(conn, include_resolved=True) == []
+    assert tables_of(target) == []  # unmigrated: no schema_version, no empty task table
+    conn = db.connect(path)
+    conn.execute("UPDATE task SET progress = 0 WHERE progress = 'lots'")
+    conn.close()
+    again = copy(path, target)  # the target is still an empty database, as before the first
+    assert again.exit_code == 0, again.output
+    with db.open_database(target) as pg_conn:
+        assert len(tasks.list_tasks(pg_conn)) == 10
 
 
 def test_the_help_says_what_it_does() -> None:

@@ -8,9 +8,9 @@ Then each identity counter (`task.seq`, the restart log's id) is set past the hi
 SQLite database ever handed out, so that new rows neither collide with copied ones nor reuse the
 seq of a task cleaned away.
 
-Both databases must be at this fredica-worker's schema version (the target is migrated first by
-the caller), so that their tables and columns are the same; a target that holds any row already
-is refused: merging two queues is not a copy.
+Both databases must be at this fredica-worker's schema version (the target is migrated in the
+copy's transaction), so that their tables and columns are the same; a target that holds any row
+already is refused: merging two queues is not a copy.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from daemon.errors import CopyRefused
 from daemon.store import migrations as sqlite_migrations, statuses
+from daemon.store.postgres import migrations
 
 if TYPE_CHECKING:
     from daemon.store.postgres.connection import PostgresConnection
@@ -94,15 +95,18 @@ def refuse_unless_empty(target: "PostgresConnection", shown: str) -> None:
 
 
 def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target: str) -> Copied:
-    """Copy every table of `source` into the migrated, empty `target` in one transaction; what
-    was written. CopyRefused (nothing written) when the two schemas differ or the target is no
-    longer empty; a database error rolls everything back and propagates."""
+    """Migrate the empty `target` and copy every table of `source` into it, in one transaction;
+    what was written. CopyRefused (nothing written) when the two schemas differ or the target is
+    no longer empty; a database error rolls everything back, the migration too, and propagates."""
     source.execute("BEGIN")  # one snapshot of the source, whatever else reads it meanwhile
     try:
-        tables = _tables_to_copy(source, target)
         counters = _highest_handed_out(source)
         target.execute("BEGIN")
         try:
+            # PostgreSQL's DDL is transactional: a copy that fails leaves no empty tables behind,
+            # and a daemon starting on the target meanwhile waits for the migration's lock.
+            migrations.migrate_in_transaction(target)
+            tables = _tables_to_copy(source, target)
             # Writers elsewhere (a daemon already started on the target) wait for the commit,
             # and the emptiness found under the lock holds until then.
             target.execute(f"LOCK TABLE {', '.join(_quoted(t) for t, _ in tables)} IN EXCLUSIVE MODE")
@@ -116,6 +120,9 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
                 cursor.execute(f"SELECT {', '.join(selected)} FROM {_quoted(table)}")
                 rows[table] = target.copy_rows(table, columns, _storable(cursor, replaced))
             _advance_identities(target, [t for t, _ in tables], counters)
+            # Statistics now, not at autovacuum's next round: until then the planner takes the
+            # tables for empty, and picks plans for a handful of rows (a claim, an export's pages).
+            target.execute(f"ANALYZE {', '.join(_quoted(t) for t, _ in tables)}")
             target.execute("COMMIT")
         except BaseException:
             # A connection that broke has nothing to roll back, and its error is the one to report.
