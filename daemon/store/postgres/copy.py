@@ -20,6 +20,8 @@ import dataclasses
 import sqlite3
 from typing import TYPE_CHECKING, Any, Iterator
 
+import sqlite_utils
+
 from daemon.errors import CopyRefused
 from daemon.store import migrations as sqlite_migrations, statuses
 from daemon.store.postgres import migrations
@@ -171,11 +173,10 @@ def _target_tables(target: "PostgresConnection") -> list[str]:
 def _tables_to_copy(source: sqlite3.Connection, target: "PostgresConnection") -> list[tuple[str, list[str]]]:
     """Each table with its columns, a referenced table before those that reference it;
     CopyRefused when the source has a table or a column the target lacks."""
-    names = [
-        row[0] for row in source.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
-        )
-    ]
+    # The source is read as any SQLite file is, whatever its version wrote: sqlite-utils'
+    # introspection (its tables, each one's columns in order), not PRAGMAs spelled out here.
+    schema = sqlite_utils.Database(source)
+    names = [name for name in schema.table_names() if not name.startswith("sqlite_")]
     in_target = set(_target_tables(target))
     tables: dict[str, list[str]] = {}
     for name in names:
@@ -183,7 +184,7 @@ def _tables_to_copy(source: sqlite3.Connection, target: "PostgresConnection") ->
             continue
         if name not in in_target:
             raise CopyRefused(f"the SQLite database has a table {name} that the PostgreSQL database lacks")
-        columns = [row[1] for row in source.execute(f"PRAGMA table_info({_quoted(name)})")]
+        columns = [column.name for column in schema[name].columns]
         target_columns = {
             row[0] for row in target.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ?",
