@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
 from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests.postgres_daemons import hang, ok, on_postgres, url  # noqa: F401 (fixtures)
@@ -80,3 +82,22 @@ def test_a_pause_asked_from_another_host_survives_a_tick_rolled_back_after_the_l
         sup.idle.dismiss_all()
         for rt in list(sup.running.values()):
             rt.process.kill()
+
+
+@pytest.mark.xfail(strict=True, reason="review: Supervisor._cancel's run path stops only its own running tasks")
+def test_a_run_cancelled_on_another_host_stops_its_task_running_there(
+    on_postgres: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """SPEC §7 (cancelling a run cancels all of its non-terminal tasks) with §16 (a cancel given
+    on any host reaches the supervisor that runs the task)."""
+    from tests.postgres_daemons import fredica
+
+    alpha = on_postgres("alpha", **SLOW).start()
+    payload = {"n": 100000, "step": 0.02, "state_file": str(tmp_path / "state"), "count_file": str(tmp_path / "count")}
+    task_id = alpha.submit("COUNT", payload=payload)
+    wait_for((tmp_path / "count").exists, timeout=20)
+    run_id = alpha.task(task_id)["workflow_run_id"]
+    beta = on_postgres("beta", **SLOW).start()
+    result = fredica(beta, "cancel", run_id)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert alpha.wait_task(task_id, "cancelled")["error_type"] == "CANCELLED"
