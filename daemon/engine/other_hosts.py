@@ -62,6 +62,10 @@ class FollowsOtherHosts:
 
     def _act_on_rows(self: Supervisor, rows: tasks.AttemptRows, now: float) -> None:
         for task_id in rows.replaced:
+            rt, ahead = self.running.get(task_id), self.ahead.get(task_id)
+            if (ahead.revoke_reason == "cancelled" if ahead is not None
+                    else rt is not None and (rt.stopping or rt.finishing)):
+                continue  # told at an earlier look: not told (nor logged) again at each look while it stops
             # Rescued while this supervisor was taken for dead, or cancelled from another host:
             # their writes are refused, and they are told to stop rather than work on for nothing.
             # One sent ahead is taken back with nothing more to write: its row is written already.
