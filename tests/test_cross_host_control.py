@@ -119,8 +119,9 @@ def test_a_task_sent_ahead_and_cancelled_on_another_host_is_taken_back_never_run
     # beta's start recovers its own tasks only: not those alpha claimed into its lanes.
     beta = on_postgres("beta", executors=PREFETCH_EXECUTORS, **SLOW).start()
     ok(beta, "cancel", behind)
-    # Taken back from the process it was sent to while the first one still runs there.
-    wait_for(lambda: any(e["event"] == "task_revoke_requested" and e.get("task_id") == behind
+    # Taken back from the process it was sent to while the first one still runs there: its
+    # process has answered that it never started it (not only been asked to give it back).
+    wait_for(lambda: any(e["event"] == "task_taken_back" and e.get("task_id") == behind
                          for e in alpha.log_events()), timeout=15)
     go.touch()
     assert alpha.wait_task(first, "completed")["executor_pid"] == pid

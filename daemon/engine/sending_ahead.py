@@ -243,7 +243,9 @@ class SendsAhead:
         assert rt.ended_at is not None
         now, task, reason = rt.ended_at, rt.task, rt.revoke_reason
         if reason == "cancelled":
-            return  # its run's cancel wrote it
+            # Its run's cancel wrote it, or another host's: its process said it never started it.
+            rt.log.info("task_taken_back", reason="cancelled", pid=task.executor_pid)
+            return
         if reason == "cancel":
             tasks.cancel(self.conn, task.id, now=now, known=task)
             self._outbox.append(functools.partial(self._count_finished, models.TaskStatus.CANCELLED.value))
