@@ -22,7 +22,8 @@ from daemon.submission import MAX_PRIORITY
 
 if TYPE_CHECKING:  # not at run time: `operations` is imported by the CLI's reads too
     from daemon import retry
-    from daemon.supervisor import CancelReport, Supervisor
+    from daemon.engine.requests import CancelReport
+    from daemon.supervisor import Supervisor
 
 log = structlog.get_logger("fredica.control")
 
@@ -188,7 +189,7 @@ class ActingHandlers:
 
 
 def _cancelled(task_id: str, dependents: int) -> Result:
-    from daemon.supervisor import CancelReport  # loaded by the daemon already
+    from daemon.engine.requests import CancelReport  # loaded by the daemon already
 
     report = CancelReport((task_id,), (), dependents)
     return {"id": task_id, "ok": True, "message": cancel_message(report), "cancelled": [task_id], "stopping": [],

@@ -20,11 +20,12 @@ import pytest
 
 from daemon import faults, models, paths, queues
 from daemon.config import Settings
+from daemon.engine.dispatching import CLAIMS_PER_TICK
 from daemon.models import Task, TaskStatus
 from daemon.store import queues as queue_store
 from daemon.store import tasks
 from daemon.submission import parse_spec
-from daemon.supervisor import CLAIMS_PER_TICK, Supervisor
+from daemon.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.fake_processes import FakeProcesses
 
