@@ -16,7 +16,7 @@ import structlog
 from daemon import bulk
 from daemon.bulk import BulkReply, Result, Selection, Target
 from daemon.errors import ProtocolError
-from daemon.store import db, restarts, tasks, waiting
+from daemon.store import cancels, db, restarts, waiting
 from daemon.store.selection import Scope
 from daemon.submission import MAX_PRIORITY
 
@@ -86,7 +86,7 @@ class ActingHandlers:
             sup = self.sup
             ours = set(sup.running) | {rt.task.id for rt in sup.unrecorded}
             with db.savepoint(sup.conn):
-                done = tasks.cancel_waiting(sup.conn, [t.id for t in chunk if t.kind == "task" and t.id
+                done = cancels.cancel_waiting(sup.conn, [t.id for t in chunk if t.kind == "task" and t.id
                                                        and t.id not in ours], now=sup.clock())
             if done:
                 log.info("tasks_cancelled", by="user", count=len(done), task_ids=list(done))

@@ -18,6 +18,7 @@ from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import NotPausable
 from daemon.models import Task, TaskStatus
 from daemon.store import tasks
+from daemon.store import attempts as attempt_store
 from executors.base import ExecuteResult
 
 
@@ -86,7 +87,7 @@ def pause_by_user(
             raise NotPausable(f"task {task.id} is already paused")
     elif at.paused_since is None:
         raise NotPausable(f"task {task.id} is not paused")
-    if not tasks.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
+    if not attempt_store.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
         raise NotPausable(f"task {task.id} is no longer run by this supervisor: it cannot be {verb} here")
 
     def command() -> None:

@@ -19,7 +19,7 @@ from daemon import acting, faults, models, protocol
 from daemon.errors import FredicaError, LogElsewhere
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
-from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, tasks
+from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, task_reads, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -64,7 +64,7 @@ class Reads:
             "max_workers": sum(self._queue_workers().values()),
             "busy_workers": daemon["busy_workers"],
             "queues": {row.pop("name"): row for row in self.op_queues()},
-            "counts": tasks.count_by_status(self._reader()),
+            "counts": task_reads.count_by_status(self._reader()),
             "database": backend.shown(self.settings.database),
             "socket": str(self.settings.socket),
             "log_dir": str(self.settings.log_dir),
@@ -82,7 +82,7 @@ class Reads:
         _check_limit(limit)
         conn = self._reader()
         run_id = None if run is None else id_store.run_id(conn, run)
-        found = tasks.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
+        found = task_reads.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
 
     def op_ls_pages(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
@@ -118,7 +118,7 @@ class Reads:
         if named.kind == "task":
             return {"kind": "task", "object": tasks.get(conn, named.id).to_dict()}
         obj = runs.get(conn, named.id).to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
+        obj["tasks"] = [t.to_dict() for t in task_reads.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
         if tasks_limit is not None:
             obj["task_counts"] = listing.counts_by_display_status(conn, named.id)
         return {"kind": "run", "object": obj}
@@ -317,7 +317,7 @@ class Handlers(acting.ActingHandlers, Reads):
             if named.kind == "task":
                 found.append(tasks.get(conn, named.id).to_dict())
             else:
-                found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
+                found += [t.to_dict() for t in task_reads.list_tasks(conn, run_id=named.id)]
         return found
 
     # --- mutations, run on the supervisor's loop thread -----------------------------------------

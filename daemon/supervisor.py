@@ -37,6 +37,7 @@ from daemon.config import Settings
 from daemon.handoff import LoopHandoff
 from daemon.notify import Notifier
 from daemon.store import backend, db, tasks
+from daemon.store import attempts as attempt_store
 from daemon.store import queues as queue_store
 from executors.registry import Registry
 
@@ -380,7 +381,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         heartbeat_missed = False
         if now >= self._next_heartbeat and self.running:
             refs = [tasks.AttemptRef.of(rt.task) for rt in self.running.values()]
-            heartbeat_missed = tasks.heartbeat(self.conn, refs, now) < len(refs)
+            heartbeat_missed = attempt_store.heartbeat(self.conn, refs, now) < len(refs)
             self._next_heartbeat = now + self.settings.heartbeat_interval
         self._follow_other_hosts(now, heartbeat_missed=heartbeat_missed)  # a read, not a heartbeat's write
         if self.lease is not None:

@@ -172,7 +172,7 @@ def test_a_sqlite_daemon_never_loads_the_postgresql_driver(tmp_path: Path) -> No
     script = f"""
 import os, sys, time
 from daemon import config, recovery
-from daemon.store import tasks
+from daemon.store import attempts, tasks
 from daemon.supervisor import Supervisor
 from daemon.submission import TaskSpec
 settings = config.from_mapping({{"daemon": {{"database": "q.db", "socket": "s.sock", "log_dir": "logs"}},
@@ -184,7 +184,7 @@ recovery.recover(sup.conn, now=now)
 tasks.submit(sup.conn, [TaskSpec(type="ECHO")], now=now)
 (claimed,) = tasks.claim_ready(sup.conn, now, 1, supervisor=settings.name)
 started = tasks.start(sup.conn, claimed.id, now=now, known=claimed)
-tasks.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
+attempts.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
 tasks.complete(sup.conn, claimed.id, {{}}, now=now, known=started)
 assert sup.lease is None
 loaded = sorted(m for m in sys.modules if m.startswith("psycopg"))

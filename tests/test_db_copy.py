@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from daemon import cli, service
 from daemon.models import TaskStatus
-from daemon.store import boots, cleaning, db, migrations, queues, restarts, runs, schema, tasks, waiting
+from daemon.store import attempts, boots, cleaning, db, migrations, queues, restarts, runs, schema, task_reads, tasks, waiting
 from daemon.submission import parse_spec
 from tests import store_steps
 from tests.postgres_cluster import Cluster
@@ -66,7 +66,7 @@ def make_queue(path: Path) -> dict[str, Any]:
     tasks.retry(conn, retried, error="flaky", error_type="EXCEPTION", not_before=T0 + 60, now=T0 + 9)
     [running, claimed] = submit(conn, {"priority": 30}, {"priority": 29}, now=T0 + 10)
     assert start_next(conn, T0 + 11) == running
-    tasks.record_progress(conn, [(running, 42, "downloading")])
+    attempts.record_progress(conn, [(running, 42, "downloading")])
     assert store_steps.claim_next(conn, T0 + 12).id == claimed  # type: ignore[union-attr]
     restarts.record(conn, "session-1", [tasks.get(conn, running)], now=T0 + 13)
     restarts.record(conn, "session-2", [tasks.get(conn, running), tasks.get(conn, claimed)], now=T0 + 14)
@@ -99,13 +99,13 @@ def target(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterato
 
 def stored(conn: sqlite3.Connection) -> dict[str, Any]:
     """Everything the store reads back, the same way on both backends."""
-    every = tasks.list_tasks(conn)
+    every = task_reads.list_tasks(conn)
     return {
         "tasks": sorted(every, key=lambda task: task.seq),
         "runs": runs.list_runs(conn),
         "restart log": restarts.list_entries(conn, include_resolved=True),
         "paused queues": queues.paused(conn),
-        "counts": tasks.count_by_status(conn),
+        "counts": task_reads.count_by_status(conn),
         "downstream": {task.id: [t.id for t in tasks.downstream(conn, task.id)] for task in every},
         "next ready at": tasks.next_ready_at(conn),
     }
@@ -149,7 +149,7 @@ def test_every_row_is_copied_and_reads_back_equal(source: tuple[Path, dict[str, 
         del rows["supervisor"]
         copied_rows = table_rows(pg_conn)
         assert copied_rows.pop("supervisor") == [] and copied_rows == rows
-        copied = {task.id: task for task in tasks.list_tasks(pg_conn)}
+        copied = {task.id: task for task in task_reads.list_tasks(pg_conn)}
     # What each was left as, copied as it is (the PostgreSQL daemon's recovery deals with these).
     assert copied[made["first"]].result == {"out": [1, 2.5, None], "ok": True}
     assert copied[made["doomed"]].status is TaskStatus.FAILED
@@ -179,7 +179,7 @@ def test_tasks_left_in_flight_are_copied_as_claimed_by_no_supervisor(
                      (made["running"], made["claimed"], made["first"]))
     assert copy(path, target).exit_code == 0
     with db.open_database(target) as conn:
-        copied = {task.id: task for task in tasks.list_tasks(conn)}
+        copied = {task.id: task for task in task_reads.list_tasks(conn)}
     assert copied[made["running"]].supervisor is None and copied[made["claimed"]].supervisor is None
     assert copied[made["first"]].supervisor == "old-host"
 
@@ -188,7 +188,7 @@ def test_new_rows_on_the_copy_get_fresh_keys(source: tuple[Path, dict[str, Any]]
     path, made = source
     assert copy(path, target).exit_code == 0
     with db.open_database(target) as conn:
-        old = {task.id: task.seq for task in tasks.list_tasks(conn)}
+        old = {task.id: task.seq for task in task_reads.list_tasks(conn)}
         [new] = submit(conn, {"depends_on": [made["second"]]}, now=T0 + 100)
         new_seq = tasks.get(conn, new).seq
         assert new_seq == made["highest_seq"] + 1  # not even the seq of the task cleaned away
@@ -229,7 +229,7 @@ def test_a_target_with_other_rows_is_refused_too(source: tuple[Path, dict[str, A
 
     assert result.exit_code == 1 and "already holds 1 row in boot" in result.stderr
     with db.open_database(url) as conn:
-        assert tasks.list_tasks(conn) == [] and boots.boot_time(conn, "another-host", 0.0) == T0
+        assert task_reads.list_tasks(conn) == [] and boots.boot_time(conn, "another-host", 0.0) == T0
     postgres_cluster.drop(url)
 
 
@@ -328,7 +328,7 @@ def test_a_failed_copy_leaves_the_target_as_it_was(source: tuple[Path, dict[str,
     again = copy(path, target)  # the target is still an empty database, as before the first
     assert again.exit_code == 0, again.output
     with db.open_database(target) as pg_conn:
-        assert len(tasks.list_tasks(pg_conn)) == 10
+        assert len(task_reads.list_tasks(pg_conn)) == 10
 
 
 def test_the_help_says_what_it_does() -> None:

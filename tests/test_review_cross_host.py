@@ -37,7 +37,7 @@ def test_a_pause_asked_from_another_host_survives_a_tick_rolled_back_after_the_l
     import sqlite3
 
     from daemon.config import Settings
-    from daemon.store import db, tasks
+    from daemon.store import attempts, db, tasks
     from daemon.submission import parse_spec
     from daemon.supervisor import Supervisor
 
@@ -58,7 +58,7 @@ def test_a_pause_asked_from_another_host_survives_a_tick_rolled_back_after_the_l
     try:
         tick_until(lambda: (tmp_path / "count").exists())
         with db.write(other):  # beta's user: asked of alpha
-            assert tasks.ask_pause(other, tasks.AttemptRef.of(tasks.get(other, task_id)), True)
+            assert attempts.ask_pause(other, tasks.AttemptRef.of(tasks.get(other, task_id)), True)
         real_tick = sup.lease.tick
         failed: list[bool] = []
 

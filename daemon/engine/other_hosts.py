@@ -23,6 +23,7 @@ from daemon.engine.attempt import Attempt
 from daemon.errors import NotPausable
 from daemon.models import Task, TaskStatus
 from daemon.store import tasks
+from daemon.store import attempts as attempt_store
 
 if TYPE_CHECKING:
     from daemon.supervisor import Supervisor
@@ -56,11 +57,11 @@ class FollowsOtherHosts:
         due = self.lease is not None and now >= self._next_look
         if (self._look_for_replaced or heartbeat_missed or due) and (self.running or self.ahead):
             refs = [tasks.AttemptRef.of(rt.task) for rt in self._attempts()]
-            self._act_on_rows(tasks.look_at_attempts(self.conn, refs), now)
+            self._act_on_rows(attempt_store.look_at_attempts(self.conn, refs), now)
             self._next_look = now + LOOK_INTERVAL
         self._look_for_replaced = False
 
-    def _act_on_rows(self: Supervisor, rows: tasks.AttemptRows, now: float) -> None:
+    def _act_on_rows(self: Supervisor, rows: attempt_store.AttemptRows, now: float) -> None:
         for task_id in rows.replaced:
             rt, ahead = self.running.get(task_id), self.ahead.get(task_id)
             if (ahead.revoke_reason == "cancelled" if ahead is not None
@@ -82,7 +83,7 @@ class FollowsOtherHosts:
                             reason=exc.message)
             else:
                 self._steer_once_committed(rt, command)
-            tasks.answer_pause(self.conn, tasks.AttemptRef.of(rt.task))
+            attempt_store.answer_pause(self.conn, tasks.AttemptRef.of(rt.task))
 
     def _steer_once_committed(self: Supervisor, rt: Attempt, command: Callable[[], None]) -> None:
         """Send a pause or resume to `rt`'s process after the tick's commit, if it still runs."""
@@ -98,7 +99,7 @@ class FollowsOtherHosts:
             raise NotPausable(f"task {task.id} is already paused")
         if not paused and not task.is_paused:
             raise NotPausable(f"task {task.id} is not paused")
-        if not tasks.ask_pause(self.conn, tasks.AttemptRef.of(task), paused):
+        if not attempt_store.ask_pause(self.conn, tasks.AttemptRef.of(task), paused):
             raise NotPausable(f"task {task.id} has just ended its attempt under supervisor {owner}: it cannot be {verb}")
         self._outbox.append(lambda: log.info("pause_asked", task_id=task.id, of=owner,
                                              asked="pause" if paused else "resume"))

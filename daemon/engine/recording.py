@@ -22,6 +22,7 @@ from daemon.engine import executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
 from daemon.store import db, tasks
+from daemon.store import attempts as attempt_store
 
 if TYPE_CHECKING:
     from daemon.supervisor import Supervisor
@@ -92,7 +93,7 @@ class RecordsAttempts:
         attempts = [only] if only else list(self.running.values())
         dirty = [rt for rt in attempts if rt.mirror_dirty]
         if dirty:
-            written = tasks.record_pause_states(self.conn, [
+            written = attempt_store.record_pause_states(self.conn, [
                 (tasks.AttemptRef.of(rt.task), rt.paused_since is not None, rt.pausable,
                  rt.shown_text(rt.last_progress[1] if rt.last_progress else None))
                 for rt in dirty
@@ -107,7 +108,7 @@ class RecordsAttempts:
         ]
         if not due:
             return
-        written = tasks.record_progress(
+        written = attempt_store.record_progress(
             self.conn, [(tasks.AttemptRef.of(rt.task), rt.progress[0], rt.shown_text(rt.progress[1])) for rt in due])
         _note_stale(written, due, "progress")
         for rt in due:

@@ -22,7 +22,7 @@ from daemon.errors import InvalidTransition
 from daemon.models import Task
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
-from daemon.store import runs, tasks
+from daemon.store import cancels, runs, tasks
 from daemon.submission import TaskSpec, check_executors
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class TakesRequests:
         target_id = named.id
         if named.kind == "run":
             run = runs.get(self.conn, target_id)
-            outcome = tasks.cancel_waiting_in_run(self.conn, target_id, now=now)
+            outcome = cancels.cancel_waiting_in_run(self.conn, target_id, now=now)
             for task_id in outcome.cancelled:  # those sent ahead are cancelled: their processes must know
                 if task_id in self.ahead:
                     self._revoke(self.ahead[task_id], "cancelled", now, requested=True)
@@ -175,7 +175,7 @@ class TakesRequests:
         if any(rt.task.id == task.id for rt in self.unrecorded):
             raise InvalidTransition(task.id, task.status.value, models.TaskStatus.CANCELLED.value,
                                     f"task {task.id} has just ended: its outcome is being recorded")
-        tasks.cancel(self.conn, task.id, now=now)
+        cancels.cancel(self.conn, task.id, now=now)
         log.info("task_cancelled", task_id=task.id, run_id=task.workflow_run_id, by="user", dependents=dependents)
         return CancelReport((task.id,), (), dependents)
 

@@ -27,7 +27,7 @@ from daemon.engine import prefetch
 from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
 from daemon.models import Task
-from daemon.store import db, tasks
+from daemon.store import cancels, db, tasks
 
 if TYPE_CHECKING:
     from daemon.queues import QueueConfig
@@ -247,7 +247,7 @@ class SendsAhead:
             rt.log.info("task_taken_back", reason="cancelled", pid=task.executor_pid)
             return
         if reason == "cancel":
-            tasks.cancel(self.conn, task.id, now=now, known=task)
+            cancels.cancel(self.conn, task.id, now=now, known=task)
             self._outbox.append(functools.partial(self._count_finished, models.TaskStatus.CANCELLED.value))
             rt.log.info("task_cancelled", by="user", sent_ahead=True)
         elif reason == "handoff" and self._hands_over(task.queue):

@@ -13,7 +13,7 @@ import contextlib
 import sqlite3
 from typing import Any, Generator, Sequence
 
-from daemon.store import backend, tasks
+from daemon.store import backend, task_reads
 
 # What a row says, in this order: who it is, where it is, how it went, when.
 COLUMNS = (
@@ -51,7 +51,7 @@ def rows(conn: sqlite3.Connection, *, statuses: Sequence[str] = (), run_id: str 
     size = PAGE if page is None else page
     clauses, params = ["seq > ?"], []
     if statuses:
-        clause, values = tasks.status_where(list(statuses))
+        clause, values = task_reads.status_where(list(statuses))
         clauses.append(clause)
         params += values
     if run_id is not None:
