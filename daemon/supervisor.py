@@ -269,7 +269,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             # Always: it also finds a dead listener and reconnects it (after its backoff). Every
             # tick claims what is claimable; what else another host's commit may have done is end
             # a task this loop runs (a cancel given there), looked at in the next tick.
-            if self.wakeups.drain() and self.running:
+            if self.wakeups.drain() and (self.running or self.ahead):
                 self._look_for_replaced = True
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:

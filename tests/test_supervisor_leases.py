@@ -147,6 +147,8 @@ def test_a_pause_asked_of_another_supervisor_names_its_attempt_and_is_not_carrie
 
     assert attempts.ask_pause(conn, ref, True)  # left unanswered: the attempt ends first
     tasks.requeue(conn, task_id, now=T0 + 3, known=running)
+    # Gone with its attempt: a row out of running holds no wish.
+    assert conn.execute("SELECT pause_wanted FROM task WHERE id = ?", (task_id,)).fetchone()[0] is None
     assert not attempts.ask_pause(conn, ref, True)  # not running: nothing to ask
     assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([task_id], {})
     (second,) = claim(conn, "beta")

@@ -74,10 +74,10 @@ class FollowsOtherHosts:
             self._request_stop(task_id, "cancel" if task_id in self.running else "cancelled", now)
         for task_id, paused in rows.pause_wanted.items():
             rt = self.running.get(task_id)
-            if rt is None:  # its start is being recorded: asked again at the next look
+            if rt is None:  # a row running at an attempt of ours sent ahead: its start is on the way
                 continue
             try:
-                task, command = messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), rt, paused, now)
+                _, command = messages.pause_by_user(self.conn, tasks.get(self.conn, task_id), rt, paused, now)
             except NotPausable as exc:  # it changed since the other host looked: said, and dropped
                 rt.log.info("pause_not_taken", asked="pause" if paused else "resume", by="another supervisor",
                             reason=exc.message)

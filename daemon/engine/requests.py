@@ -22,7 +22,7 @@ from daemon.errors import InvalidTransition
 from daemon.models import Task
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
-from daemon.store import cancels, runs, tasks
+from daemon.store import cancels, db, runs, tasks
 from daemon.submission import TaskSpec, check_executors
 
 if TYPE_CHECKING:
@@ -151,6 +151,25 @@ class TakesRequests:
 
     # --- cancel, pause (the loop's side) --------------------------------------------------------
 
+    def _cancel_run_elsewhere(self: Supervisor, running: list[str], now: float) -> tuple[str, ...]:
+        """Cancel the row of each of a run's running tasks that no attempt of ours runs: on a shared
+        queue, those another supervisor runs, which finds its attempt's row moved on and stops it
+        (SPEC §16), as for a single task's cancel. One that ends meanwhile is left as it ended."""
+        if self.lease is None:
+            return ()  # one supervisor: a running task not ours has just ended here, being recorded
+        ended_here = {rt.task.id for rt in self.unrecorded}
+        cancelled = []
+        for task_id in running:
+            if task_id in ended_here:
+                continue
+            try:
+                with db.savepoint(self.conn):
+                    cancels.cancel(self.conn, task_id, now=now)
+            except InvalidTransition:
+                continue
+            cancelled.append(task_id)
+        return tuple(cancelled)
+
     def _cancel(self: Supervisor, given_id: str, now: float) -> CancelReport:
         # Resolved here, in the loop's transaction: the prefix names what exists when it acts.
         named = id_store.resolve(self.conn, given_id)
@@ -163,11 +182,13 @@ class TakesRequests:
                     self._revoke(self.ahead[task_id], "cancelled", now, requested=True)
             stopping = [task_id for task_id in outcome.running
                         if self._request_stop(task_id, "cancel", now, requested=True)]
-            if not outcome.cancelled and not stopping:
+            cancelled = outcome.cancelled + self._cancel_run_elsewhere(
+                [task_id for task_id in outcome.running if task_id not in stopping], now)
+            if not cancelled and not stopping:
                 raise InvalidTransition(target_id, run.status.value, models.TaskStatus.CANCELLED.value,
                                         f"workflow run {target_id} is {run.status.value}: nothing to cancel")
-            log.info("run_cancelled", run_id=target_id, cancelled=len(outcome.cancelled), stopping=len(stopping))
-            return CancelReport(outcome.cancelled, tuple(stopping), run=target_id)
+            log.info("run_cancelled", run_id=target_id, cancelled=len(cancelled), stopping=len(stopping))
+            return CancelReport(cancelled, tuple(stopping), run=target_id)
         task = tasks.get(self.conn, target_id)
         dependents = tasks.active_downstream(self.conn, task.id)
         if self._request_stop(task.id, "cancel", now, requested=True):

@@ -149,13 +149,13 @@ def _transition(
     elif target is TaskStatus.RUNNING:
         raw["started_at"] = "COALESCE(started_at, :now)"
         assignments["heartbeat_at"] = now
-        # A new attempt starts unpaused, with nothing asked of it by another supervisor yet (an
-        # earlier attempt's unanswered request is not this one's).
+        # A new attempt starts unpaused, with nothing asked of it by another supervisor yet.
         assignments.update(is_paused=0, pause_wanted=None)
     elif target is TaskStatus.PENDING:
-        assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
+        assignments.update(is_paused=0, executor_pid=None, executor_started_at=None, pause_wanted=None)
     else:  # terminal
-        assignments.update(completed_at=now, is_paused=0)
+        assignments.update(completed_at=now, is_paused=0, pause_wanted=None)
+    # (`pause_wanted`: what another supervisor asked of a running attempt, gone with it.)
     if target is not TaskStatus.PENDING:
         assignments["is_held"] = 0  # only a pending task is held
         if target is TaskStatus.COMPLETED:
