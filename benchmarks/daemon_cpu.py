@@ -7,7 +7,9 @@ the real daemon (`fredica daemon --config`) and its public client:
 
   S     n submit calls in a row, each task held back by a dependency on a running gate task;
   W1    n submit calls, one per no-op task, then one wait for all of them;
-  W1b   one batch of n no-op tasks, then wait.
+  W1b   one batch of n no-op tasks, then wait;
+  W2    n tasks one at a time, each submitted once the one before has ended (submit to start);
+  W3    a chain of n tasks, each depending on the one before (per link).
 
     python3 benchmarks/daemon_cpu.py W1 2000 --kind async    # async-def executor, 2 event-loop processes
     python3 benchmarks/daemon_cpu.py S 3000 --kind reused     # tasks_per_process = 1,000,000
@@ -57,7 +59,7 @@ def _tree_cpu(daemon: psutil.Process) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=["S", "W1", "W1b"])
+    parser.add_argument("workload", choices=["S", "W1", "W1b", "W2", "W3"])
     parser.add_argument("n", type=int)
     parser.add_argument("--kind", choices=["async", "reused"], default="async")
     args = parser.parse_args()
@@ -71,6 +73,11 @@ def main() -> None:
             instance.submit_latency(args.n)
         elif args.workload == "W1":
             instance.w1(args.n)
+        elif args.workload == "W2":
+            latencies = sorted(instance.w2(args.n))
+            print(f"W2 submit to start: p50 {latencies[len(latencies) // 2]:.2f} ms")
+        elif args.workload == "W3":
+            instance.w3(args.n)
         else:
             instance.w1_batch(args.n)
         wall = time.perf_counter() - t0

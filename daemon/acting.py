@@ -16,13 +16,14 @@ import structlog
 from daemon import bulk
 from daemon.bulk import BulkReply, Result, Selection, Target
 from daemon.errors import ProtocolError
-from daemon.store import db, restarts, tasks, waiting
+from daemon.store import cancels, db, restarts, waiting
 from daemon.store.selection import Scope
 from daemon.submission import MAX_PRIORITY
 
 if TYPE_CHECKING:  # not at run time: `operations` is imported by the CLI's reads too
     from daemon import retry
-    from daemon.supervisor import CancelReport, Supervisor
+    from daemon.engine.requests import CancelReport
+    from daemon.supervisor import Supervisor
 
 log = structlog.get_logger("fredica.control")
 
@@ -85,7 +86,7 @@ class ActingHandlers:
             sup = self.sup
             ours = set(sup.running) | {rt.task.id for rt in sup.unrecorded}
             with db.savepoint(sup.conn):
-                done = tasks.cancel_waiting(sup.conn, [t.id for t in chunk if t.kind == "task" and t.id
+                done = cancels.cancel_waiting(sup.conn, [t.id for t in chunk if t.kind == "task" and t.id
                                                        and t.id not in ours], now=sup.clock())
             if done:
                 log.info("tasks_cancelled", by="user", count=len(done), task_ids=list(done))
@@ -110,6 +111,10 @@ class ActingHandlers:
         def one(target: Target) -> tuple[str, dict[str, Any]]:
             assert target.id is not None
             task = self.sup.pause(target.id) if paused else self.sup.resume(target.id)
+            owner = self.sup.owner_elsewhere(task)
+            if owner is not None:  # asked of it (SPEC §16): it acts on it within a second
+                return (f"{'pause' if paused else 'resume'} of {task.id} asked of supervisor {owner}",
+                        {"is_paused": task.is_paused, "asked_of": owner})
             return f"{'paused' if paused else 'resumed'} {task.id}", {"is_paused": task.is_paused}
 
         return self._act(chosen, reach, bulk.each(self.sup.conn, one))
@@ -184,7 +189,7 @@ class ActingHandlers:
 
 
 def _cancelled(task_id: str, dependents: int) -> Result:
-    from daemon.supervisor import CancelReport  # loaded by the daemon already
+    from daemon.engine.requests import CancelReport  # loaded by the daemon already
 
     report = CancelReport((task_id,), (), dependents)
     return {"id": task_id, "ok": True, "message": cancel_message(report), "cancelled": [task_id], "stopping": [],

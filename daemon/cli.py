@@ -489,15 +489,15 @@ def show(target_id: str, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon log's JSON lines as they are.")
 def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
-    """Show a task's log, or the daemon's log without an ID."""
+    """Show a task's log, or the daemon's log without an ID.
+
+    Task logs stay on the host that ran the task: on a shared PostgreSQL queue, a task another
+    supervisor ran is refused with the name of its host (exit 1)."""
     args = {"id": task_id} if task_id else {}
     try:
         where = call("log_path", **args)
     except client.DaemonUnreachable as exc:
-        # The logs are files: a daemon that is down (when its log matters most) is read there.
-        path = settings().task_log(task_id) if task_id else settings().daemon_log
-        click.echo(f"note: {exc.message}; reading {path}", err=True)
-        where = {"path": str(path), "active": False, "json_lines": not task_id}
+        where = _log_without_the_daemon(task_id, exc)
     readable = bool(where.get("json_lines")) and not as_json
 
     def emit(line: str) -> None:
@@ -518,6 +518,28 @@ def logs(task_id: str | None, follow: bool, count: int, as_json: bool) -> None:
         pass  # Ctrl-C is how one stops following the daemon log
     finally:
         log.close()
+
+
+def _log_without_the_daemon(task_id: str | None, unreachable: client.DaemonUnreachable) -> dict[str, Any]:
+    """Where the log is when the daemon does not answer: the logs are files, read where this
+    host's config puts them (when the daemon's log matters most). On a shared PostgreSQL queue
+    the task's row, read-only, says first whether it ran here (SPEC §16: else LogElsewhere)."""
+    path = settings().task_log(task_id) if task_id else settings().daemon_log
+    if task_id:
+        from daemon.store import backend
+
+        if backend.is_postgres(settings().database):
+            from daemon import offline
+            from daemon.errors import LogElsewhere
+
+            try:
+                path = Path(offline.answer(settings(), "log_path", {"id": task_id}, unreachable).data["path"])
+            except LogElsewhere:
+                raise
+            except FredicaError:
+                pass  # the database cannot be read either: the file the id names here, as on SQLite
+    click.echo(f"note: {unreachable.message}; reading {path}", err=True)
+    return {"path": str(path), "active": False, "json_lines": not task_id}
 
 
 @command(main)
@@ -601,9 +623,10 @@ def completion(shell: str) -> None:
 def export(fmt: str, statuses: tuple[str, ...], run_id: str | None, output: Any) -> None:
     """Every task as CSV or JSON lines, read from the database itself.
 
-    The database is opened read-only: the daemon may be running, or not. Says on stderr how many
+    The database (a SQLite file or a PostgreSQL URL) is opened read-only: the daemon may be
+    running, or not. Rows are read a page at a time, from one snapshot. Says on stderr how many
     tasks were written."""
-    from daemon import export as exporting  # only here: sqlite-utils is not for the other commands
+    from daemon import export as exporting  # only here: the store is not for every command
 
     count = exporting.write(exporting.rows(settings().database, statuses=statuses, run=run_id), output, fmt)
     click.echo(f"{count} tasks exported", err=True)

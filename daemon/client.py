@@ -41,7 +41,7 @@ class Client:
     `socket_path` names the socket itself. Safe to share between threads (calls take turns).
     """
 
-    # Longer than the daemon lets a request wait for its loop (supervisor.CALL_TIMEOUT): a busy
+    # Longer than the daemon lets a request wait for its loop (engine.requests.CALL_TIMEOUT): a busy
     # daemon then answers "nothing was done" before the client gives up.
     def __init__(self, config: str | Path | None = None, *, socket_path: str | Path | None = None,
                  timeout: float = 30.0) -> None:

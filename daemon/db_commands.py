@@ -38,13 +38,14 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
     transaction; the SQLite file is only read. Refused, with nothing written: while a daemon owns
     the file; when its schema is older than this fredica-worker's (start the daemon on it once to
     migrate it, stop it, then copy); when the PostgreSQL database already holds rows. The target
-    is migrated first. Tasks left claimed or running are copied so, for the recovery of the first
-    daemon that starts on PostgreSQL. Then point [daemon] database at POSTGRES_URL.
+    is migrated in the same transaction: a copy that fails leaves it as it was. Tasks left
+    claimed or running are copied so, for the recovery of the first daemon that starts on
+    PostgreSQL. Then point [daemon] database at POSTGRES_URL.
     """
     import sqlite3  # the database errors of both backends (the PostgreSQL connection raises these)
 
     from daemon.store import backend, db
-    from daemon.store.postgres import connection, copy as copying, migrations
+    from daemon.store.postgres import connection, copy as copying
 
     if not backend.is_postgres(postgres_url):
         raise CopyRefused(f"POSTGRES_URL must be a postgresql:// URL, not {postgres_url!r}")
@@ -62,7 +63,6 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
             with connection.connect(postgres_url) as target:
                 # Before migrating: a database that holds another queue is refused untouched.
                 copying.refuse_unless_empty(target, shown_target)
-                migrations.migrate(target)
                 try:
                     copied = copying.copy(source, target, shown_target)
                 except sqlite3.Error as exc:

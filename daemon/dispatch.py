@@ -15,7 +15,7 @@ from daemon import models, outcomes, templates
 from daemon.config import Settings
 from daemon.models import Task
 from daemon.outcomes import Recorded
-from daemon.store import tasks
+from daemon.store import task_reads, tasks
 from daemon.submission import SubmissionRefused
 from executors.base import TaskExecutor
 from executors.registry import Registry
@@ -43,7 +43,7 @@ def prepare(
     if executor is None:
         error = f"no executor is registered for type {task.type}"
         return outcomes.record(conn, settings, task, None, error, models.NO_EXECUTOR, now)
-    upstream = tasks.results_of(conn, task.depends_on)
+    upstream = task_reads.results_of(conn, task.depends_on)
     try:
         resolved = task
         if task.payload_refs:  # a template's task: only there is "{@0.output}" a placeholder

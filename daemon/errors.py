@@ -119,6 +119,10 @@ class TemplateError(FredicaError):
     """The template is invalid or cannot be started with these parameters."""
 
 
+class LogElsewhere(FredicaError):
+    """The task ran under another supervisor of the queue: its log is on that supervisor's host."""
+
+
 class PermissionDenied(FredicaError):
     """This user may not control the daemon."""
 

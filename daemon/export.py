@@ -1,9 +1,10 @@
 """`fredica export`: the tasks as CSV or JSON lines, read straight from the database, read-only.
 
-Read in the CLI's own process with sqlite-utils (`Table.rows_where`, which streams rows), not
-through the daemon: a dump of 100,000 tasks need not pass through the control socket and the
-supervisor's loop, and it works with the daemon down. The connection is opened read-only, and
-creates no file (`db.connect_read_only`), so nothing here can write what only the supervisor writes.
+Read in the CLI's own process (`daemon.store.export`, a page of rows at a time, on SQLite and
+PostgreSQL alike), not through the daemon: a dump of 100,000 tasks need not pass through the
+control socket and the supervisor's loop, and it works with the daemon down. The connection is
+opened read-only, and creates no file (`db.connect_read_only`; on PostgreSQL a read-only session),
+so nothing here can write what only the supervisor writes.
 """
 
 from __future__ import annotations
@@ -12,22 +13,16 @@ import csv
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
-
-import sqlite_utils
+from typing import Any, Generator, Iterator, Sequence, TextIO
 
 from daemon.errors import ExportFailed, FredicaError
 from daemon.models import TASK_FILTER_WORDS
-from daemon.store import backend, db, tasks
+from daemon.store import backend, db
+from daemon.store import export as export_store
 from daemon.store import ids as id_store
 
 FORMATS = ("csv", "jsonl")
-# What a row says, in this order: who it is, where it is, how it went, when.
-COLUMNS = (
-    "id", "workflow_run_id", "type", "queue", "status", "is_held", "priority", "retry_count", "max_retries",
-    "progress", "status_text", "error_type", "error", "material_id", "idempotency_key",
-    "created_at", "started_at", "completed_at", "payload", "result",
-)
+COLUMNS = export_store.COLUMNS
 
 
 def rows(database: Path | str, *, statuses: Sequence[str] = (), run: str | None = None) -> Iterator[dict[str, Any]]:
@@ -36,51 +31,36 @@ def rows(database: Path | str, *, statuses: Sequence[str] = (), run: str | None 
     for status in statuses:
         if status not in TASK_FILTER_WORDS:  # as `ls --status` takes them (SPEC §14)
             raise ExportFailed(f"unknown status {status!r}: one of {', '.join(TASK_FILTER_WORDS)}")
-    if backend.is_postgres(database):
-        # sqlite-utils streams the rows, and reads SQLite only.
-        raise ExportFailed(f"fredica export reads a SQLite database, not {backend.shown(database)}: export a "
-                           "PostgreSQL queue's task table with psql's \\copy")
-    if not Path(database).exists():
-        raise ExportFailed(f"no database at {database}")
+    shown = backend.shown(database)
     try:
-        conn = db.connect_read_only(database)
-        conn.row_factory = None  # sqlite-utils makes its own dicts
-        table = sqlite_utils.Database(conn).table("task")
-        if not table.exists():
-            conn.close()
-            raise ExportFailed(f"{database} holds no tasks table: not a fredica database")
-        if run is not None:
-            run = id_store.run_id(conn, run)  # a prefix, as everywhere; an unknown run is refused
+        conn = db.connect_read_only(database)  # PostgreSQL unreachable: DatabaseUnusable, one line
+    except FileNotFoundError:
+        raise ExportFailed(f"no database at {database}") from None
     except sqlite3.Error as exc:
-        raise ExportFailed(f"cannot open {database} to read: {exc}") from None
+        raise ExportFailed(f"cannot open {shown} to read: {exc}") from None
+    try:
+        if not export_store.holds_tasks(conn):
+            raise ExportFailed(f"{shown} holds no tasks table: not a fredica database")
+        run_id = None if run is None else id_store.run_id(conn, run)  # a prefix, as everywhere; unknown: refused
+    except sqlite3.Error as exc:
+        conn.close()
+        raise ExportFailed(f"cannot open {shown} to read: {exc}") from None
     except FredicaError:
         conn.close()
         raise
-    where, params = _where(statuses, run)
-    return _stream(conn, table, where, params, database)
+    return _stream(conn, export_store.rows(conn, statuses=statuses, run_id=run_id), shown)
 
 
 def _stream(
-    conn: sqlite3.Connection, table: sqlite_utils.db.Table, where: str | None, params: list[Any], database: Path
+    conn: sqlite3.Connection, found: Generator[dict[str, Any], None, None], shown: str
 ) -> Iterator[dict[str, Any]]:
     try:
-        yield from table.rows_where(where, params, order_by="seq", select=", ".join(COLUMNS))
+        yield from found
     except sqlite3.Error as exc:
-        raise ExportFailed(f"cannot read the tasks of {database}: {exc}") from None
+        raise ExportFailed(f"cannot read the tasks of {shown}: {exc}") from None
     finally:
+        found.close()  # its read transaction ends first
         conn.close()
-
-
-def _where(statuses: Sequence[str], run: str | None) -> tuple[str | None, list[Any]]:
-    clauses, params = [], []
-    if statuses:
-        clause, values = tasks.status_where(list(statuses))
-        clauses.append(clause)
-        params += values
-    if run is not None:
-        clauses.append("workflow_run_id = ?")
-        params.append(run)
-    return (" AND ".join(clauses) or None), params
 
 
 def write(found: Iterator[dict[str, Any]], out: TextIO, fmt: str) -> int:

@@ -18,6 +18,7 @@ from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import NotPausable
 from daemon.models import Task, TaskStatus
 from daemon.store import tasks
+from daemon.store import attempts as attempt_store
 from executors.base import ExecuteResult
 
 
@@ -71,9 +72,10 @@ def pause_by_user(
     (a request whose tick is rolled back must have done nothing). NotPausable, changing nothing,
     when it cannot be."""
     verb = "paused" if paused else "resumed"
-    if task.status is TaskStatus.RUNNING and at is None and task.supervisor is not None:
-        # Another supervisor of a shared queue runs it (SPEC §16): its process is not ours to steer.
-        raise NotPausable(f"task {task.id} runs under supervisor {task.supervisor}: it can be {verb} only there")
+    if task.status is TaskStatus.RUNNING and at is None:
+        # Its attempt is over here, its outcome not yet written (one run by another supervisor of
+        # a shared queue is asked of it instead: daemon/engine/other_hosts.py).
+        raise NotPausable(f"task {task.id} has just finished its attempt: it cannot be {verb}")
     if task.status is not TaskStatus.RUNNING or at is None or at.stopping:
         raise NotPausable(f"task {task.id} is {task.display_status}: only a running task can be {verb}")
     if at.finishing:
@@ -85,7 +87,7 @@ def pause_by_user(
             raise NotPausable(f"task {task.id} is already paused")
     elif at.paused_since is None:
         raise NotPausable(f"task {task.id} is not paused")
-    if not tasks.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
+    if not attempt_store.set_paused(conn, tasks.AttemptRef.of(at.task), paused):
         raise NotPausable(f"task {task.id} is no longer run by this supervisor: it cannot be {verb} here")
 
     def command() -> None:

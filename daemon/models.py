@@ -83,9 +83,15 @@ ALLOWED_TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
 }
 
 
+_SOURCES = {
+    target: frozenset(src for src, targets in ALLOWED_TRANSITIONS.items() if target in targets)
+    for target in TaskStatus
+}
+
+
 def sources_of(target: TaskStatus) -> frozenset[TaskStatus]:
-    """The statuses from which a task may move to `target`."""
-    return frozenset(src for src, targets in ALLOWED_TRANSITIONS.items() if target in targets)
+    """The statuses from which a task may move to `target` (read once: every transition asks)."""
+    return _SOURCES[target]
 
 
 # Error types with a fixed meaning (SPEC §6). Any other error type is retryable.

@@ -16,10 +16,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping
 
 from daemon import acting, faults, models, protocol
-from daemon.errors import FredicaError
+from daemon.errors import FredicaError, LogElsewhere
 from daemon.models import RunStatus, TaskStatus
 from daemon.engine import cleaning as engine_cleaning
-from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, tasks
+from daemon.store import backend, cleaning, db, listing, restarts, runs, supervisors, task_reads, tasks
 from daemon.store import ids as id_store
 from daemon.store import queues as queue_store
 from daemon.submission import parse_spec
@@ -64,7 +64,7 @@ class Reads:
             "max_workers": sum(self._queue_workers().values()),
             "busy_workers": daemon["busy_workers"],
             "queues": {row.pop("name"): row for row in self.op_queues()},
-            "counts": tasks.count_by_status(self._reader()),
+            "counts": task_reads.count_by_status(self._reader()),
             "database": backend.shown(self.settings.database),
             "socket": str(self.settings.socket),
             "log_dir": str(self.settings.log_dir),
@@ -82,7 +82,7 @@ class Reads:
         _check_limit(limit)
         conn = self._reader()
         run_id = None if run is None else id_store.run_id(conn, run)
-        found = tasks.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
+        found = task_reads.list_tasks(conn, status=status, run_id=run_id, task_type=type, limit=limit)
         return [t.to_dict() for t in found]
 
     def op_ls_pages(self, status: str | list[str] | None = None, run: str | None = None, type: str | None = None,
@@ -118,7 +118,7 @@ class Reads:
         if named.kind == "task":
             return {"kind": "task", "object": tasks.get(conn, named.id).to_dict()}
         obj = runs.get(conn, named.id).to_dict()
-        obj["tasks"] = [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
+        obj["tasks"] = [t.to_dict() for t in task_reads.list_tasks(conn, run_id=named.id, limit=tasks_limit)]
         if tasks_limit is not None:
             obj["task_counts"] = listing.counts_by_display_status(conn, named.id)
         return {"kind": "run", "object": obj}
@@ -148,8 +148,21 @@ class Reads:
             return {"path": str(self.settings.daemon_log), "active": True, "json_lines": True}
         conn = self._reader()
         task = tasks.get(conn, id_store.task_id(conn, id))
+        self._refuse_a_log_elsewhere(conn, task)
         return {"path": str(self.settings.task_log(task.id)), "active": self._log_may_grow(task),
                 "json_lines": False}
+
+    def _refuse_a_log_elsewhere(self, conn: sqlite3.Connection, task: models.Task) -> None:
+        """LogElsewhere, naming the host, for a task another supervisor of a shared PostgreSQL
+        queue ran last: task logs stay on the host that ran the task (SPEC §16), and this host's
+        log directory holds none of it. A task never claimed, or run here, passes."""
+        if not backend.is_postgres(self.settings.database) or task.supervisor in (None, self.settings.name):
+            return
+        held = supervisors.find(conn, task.supervisor)
+        where = (f"on host {held.host}" if held is not None
+                 else "(its host is not known any more: it holds no lease now)")
+        raise LogElsewhere(f"task {task.id} ran under supervisor {task.supervisor} {where}, which keeps its log: "
+                           f"run `fredica logs {task.id}` on that host")
 
     def op_restarts(self, all: bool = False) -> list[dict[str, Any]]:
         return [e.to_dict() for e in restarts.list_entries(self._reader(), include_resolved=all)]
@@ -304,7 +317,7 @@ class Handlers(acting.ActingHandlers, Reads):
             if named.kind == "task":
                 found.append(tasks.get(conn, named.id).to_dict())
             else:
-                found += [t.to_dict() for t in tasks.list_tasks(conn, run_id=named.id)]
+                found += [t.to_dict() for t in task_reads.list_tasks(conn, run_id=named.id)]
         return found
 
     # --- mutations, run on the supervisor's loop thread -----------------------------------------

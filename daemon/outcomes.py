@@ -18,7 +18,7 @@ from daemon.models import Task, TaskStatus
 from daemon.engine.attempt import Attempt, Phase
 from daemon.engine.executor_processes import describe_exit
 from daemon.scheduler import Action
-from daemon.store import tasks
+from daemon.store import cancels, tasks
 from executors.base import BadResult, ExecuteResult, TaskExecutor, stored_result
 from executors import tasklog
 from executors.output import AttemptOutput
@@ -152,7 +152,7 @@ def record(
                    retry=task.retry_count + 1, max_retries=task.max_retries)
         return Recorded(None, retried=True)
     if outcome.action is Action.CANCEL:
-        ended = tasks.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled", known=task)
+        ended = cancels.cancel(conn, task.id, now=now, reason=outcome.error or "cancelled", known=task)
         finished = TaskStatus.CANCELLED
         bound.info("task_cancelled")
     else:

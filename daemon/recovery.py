@@ -33,7 +33,8 @@ import structlog
 
 from daemon import outcomes, processes
 from daemon.models import Task, TaskStatus
-from daemon.store import db, restarts, runs, tasks
+from daemon.store import db, restarts, runs
+from daemon.store import recovery as recovery_store
 from executors.registry import Registry
 
 log = structlog.get_logger("fredica.recovery")
@@ -60,7 +61,7 @@ def recover(
     `supervisor`: only the tasks this supervisor left (a shared PostgreSQL queue, SPEC §16, whose
     other supervisors run theirs); None, every task (the one daemon of a SQLite file)."""
     session_id = str(uuid.uuid4())
-    in_flight = tasks.in_flight(conn, supervisor=supervisor, unnamed=True)
+    in_flight = recovery_store.in_flight(conn, supervisor=supervisor, unnamed=True)
     leftovers = []
     for task in in_flight:
         if task.executor_pid is not None and task.executor_started_at is not None:
@@ -71,10 +72,10 @@ def recover(
     killed = processes.end_process_trees(leftovers, kill_grace)
     with db.write(conn):
         runs.lock_counters(conn)
-        interrupted = tasks.fail_interrupted(conn, now=now, supervisor=supervisor, unnamed=True)
-        requeued = tasks.requeue_claimed(conn, now=now, supervisor=supervisor, unnamed=True)
+        interrupted = recovery_store.fail_interrupted(conn, now=now, supervisor=supervisor, unnamed=True)
+        requeued = recovery_store.requeue_claimed(conn, now=now, supervisor=supervisor, unnamed=True)
         restarts.record(conn, session_id, in_flight, now=now)
-        orphaned = tasks.fail_orphans(conn, now=now)
+        orphaned = recovery_store.fail_orphans(conn, now=now)
         reconciled = runs.reconcile_non_terminal(conn, now=now)
     report = RecoveryReport(
         session_id=session_id,

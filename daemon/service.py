@@ -156,7 +156,8 @@ def _serve(settings: config.Settings) -> int:
     # Imported here: `fredica status` and friends import this module's package but never need these.
     from daemon import control, faults, operations, recovery
     from daemon.notify import Notifier
-    from daemon.supervisor import CALL_TIMEOUT, Supervisor
+    from daemon.engine.requests import CALL_TIMEOUT
+    from daemon.supervisor import Supervisor
 
     _children_skip_the_cli()
     server = control.ControlServer(settings.socket, lambda op, args: handlers.handle(op, args),

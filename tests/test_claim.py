@@ -9,7 +9,7 @@ from typing import Any
 
 from daemon import models
 from daemon.models import TaskStatus as S
-from daemon.store import db, runs, tasks
+from daemon.store import db, runs, task_reads, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -142,7 +142,7 @@ def test_dependency_across_runs(conn: sqlite3.Connection) -> None:
     assert store_steps.claim_next(conn, T0 + 2) is None
     tasks.complete(conn, upstream, {"n": 1}, now=T0 + 3)
     assert store_steps.claim_next(conn, T0 + 4).id == downstream
-    assert tasks.results_of(conn, list(tasks.get(conn, downstream).depends_on)) == {upstream: {"n": 1}}
+    assert task_reads.results_of(conn, list(tasks.get(conn, downstream).depends_on)) == {upstream: {"n": 1}}
 
 
 def test_dependency_across_runs_failure_cancels_the_other_run(conn: sqlite3.Connection) -> None:
@@ -265,4 +265,4 @@ def test_processes_never_claim_the_same_task(database: str | Path, conn: sqlite3
     everything = [task_id for ids_of_one in claimed for task_id in ids_of_one]
     assert len(set(everything)) == len(everything), "a task was claimed twice"
     assert sorted(everything) == sorted(ids)
-    assert {t.status for t in tasks.list_tasks(conn)} == {S.CLAIMED}
+    assert {t.status for t in task_reads.list_tasks(conn)} == {S.CLAIMED}

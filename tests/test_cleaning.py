@@ -13,7 +13,7 @@ import pytest
 from daemon import durations
 from daemon.errors import BadDuration
 from daemon.models import TaskStatus
-from daemon.store import cleaning, db, restarts, runs, tasks
+from daemon.store import cancels, cleaning, db, restarts, runs, task_reads, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -39,7 +39,7 @@ def finish(conn: sqlite3.Connection, now: float, status: TaskStatus = TaskStatus
         elif status is TaskStatus.FAILED:
             tasks.fail(conn, task.id, error="boom", error_type="EXCEPTION", now=now)
         else:
-            tasks.cancel(conn, task.id, now=now)
+            cancels.cancel(conn, task.id, now=now)
 
 
 def run_of(conn: sqlite3.Connection, task_id: str) -> str:
@@ -77,7 +77,7 @@ def test_unfinished_and_younger_runs_stay(conn: sqlite3.Connection) -> None:
     removed = cleaning.remove_chunk(conn, cutoff=T0 + 5)
 
     assert removed.task_ids == (old,)
-    assert {t.id for t in tasks.list_tasks(conn)} == {young, failed_first, waiting}
+    assert {t.id for t in task_reads.list_tasks(conn)} == {young, failed_first, waiting}
     assert cleaning.remove_chunk(conn, cutoff=T0 + 100).task_ids == (young,)  # the failed run is not finished
 
 
@@ -132,7 +132,7 @@ def test_chunks_hold_at_most_the_limit_and_a_large_run_goes_over_several_its_row
         if not removed.more:
             break
         if runs.find(conn, big_run) is not None:
-            assert tasks.list_tasks(conn, run_id=big_run), "a run's row goes with its last tasks, not before"
+            assert task_reads.list_tasks(conn, run_id=big_run), "a run's row goes with its last tasks, not before"
 
     assert sorted(t for c in chunks for t in c.task_ids) == sorted(big + small)
     assert sum(c.runs for c in chunks) == 4

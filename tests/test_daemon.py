@@ -22,7 +22,8 @@ from typing import Callable
 import psutil
 import pytest
 
-from daemon import client, control, operations, processes, protocol, recovery, supervisor
+from daemon import client, control, operations, processes, protocol, recovery
+from daemon.engine import requests
 from daemon.errors import FredicaError
 from daemon.store import db, tasks
 from daemon.submission import parse_spec
@@ -362,7 +363,7 @@ def test_a_client_that_closed_its_end_is_seen_gone() -> None:
 def test_a_busy_daemon_answers_before_its_client_gives_up() -> None:
     # A request waits for the loop at most CALL_TIMEOUT; the client must still be listening then,
     # to hear "nothing was done" rather than time out not knowing.
-    assert supervisor.CALL_TIMEOUT < client.Client(socket_path="unused").timeout
+    assert requests.CALL_TIMEOUT < client.Client(socket_path="unused").timeout
 
 
 def test_every_operation_has_a_handler_that_takes_what_the_protocol_says() -> None:

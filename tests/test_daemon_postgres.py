@@ -172,7 +172,7 @@ def test_a_sqlite_daemon_never_loads_the_postgresql_driver(tmp_path: Path) -> No
     script = f"""
 import os, sys, time
 from daemon import config, recovery
-from daemon.store import tasks
+from daemon.store import attempts, tasks
 from daemon.supervisor import Supervisor
 from daemon.submission import TaskSpec
 settings = config.from_mapping({{"daemon": {{"database": "q.db", "socket": "s.sock", "log_dir": "logs"}},
@@ -184,7 +184,7 @@ recovery.recover(sup.conn, now=now)
 tasks.submit(sup.conn, [TaskSpec(type="ECHO")], now=now)
 (claimed,) = tasks.claim_ready(sup.conn, now, 1, supervisor=settings.name)
 started = tasks.start(sup.conn, claimed.id, now=now, known=claimed)
-tasks.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
+attempts.heartbeat(sup.conn, [tasks.AttemptRef.of(started)], now)
 tasks.complete(sup.conn, claimed.id, {{}}, now=now, known=started)
 assert sup.lease is None
 loaded = sorted(m for m in sys.modules if m.startswith("psycopg"))
@@ -222,11 +222,17 @@ def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster
         conn.close()
 
 
-def test_export_of_a_postgresql_queue_is_refused_in_one_line(on_postgres: Callable[..., Daemon], url: str) -> None:
-    result = fredica(on_postgres(), "export")
-    assert result.exit_code == 1
-    assert result.stderr.strip() == (f"error: fredica export reads a SQLite database, not {url}: export a PostgreSQL "
-                                     "queue's task table with psql's \\copy")
+def test_export_of_a_postgresql_queue_reads_it_with_the_daemon_up_or_down(on_postgres: Callable[..., Daemon]) -> None:
+    d = on_postgres().start()
+    task_id = ok(d, "submit", "ECHO", "--payload", '{"x": 1}').strip()
+    d.wait_task(task_id, "completed")
+    up = fredica(d, "export")
+    assert up.exit_code == 0 and up.stderr == "1 tasks exported\n", up.output
+    [row] = [json.loads(line) for line in up.stdout.splitlines()]
+    assert (row["id"], row["status"], row["result"]["echo"]) == (task_id, "completed", {"x": 1})
+    d.stop()
+    down = fredica(d, "export")
+    assert (down.exit_code, down.stdout) == (0, up.stdout)
 
 
 def test_the_http_token_of_a_postgresql_daemon_is_made_in_its_state_directory(

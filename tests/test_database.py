@@ -16,7 +16,7 @@ import pytest
 from daemon.errors import MigrationError
 from daemon.models import RunCounts
 from daemon.models import TaskStatus as S
-from daemon.store import db, migrations, runs, tasks
+from daemon.store import db, migrations, runs, task_reads, tasks
 from daemon.submission import TaskSpec
 from tests import store_steps
 
@@ -185,7 +185,7 @@ def test_version_1_database_is_upgraded_on_open(db_path: Path) -> None:
         assert store_steps.claim_next(conn, T0 + 3).id == "b-2"  # its other dependency was completed
         tasks.complete(conn, "tc-1", {}, now=T0 + 4)
         assert store_steps.claim_next(conn, T0 + 5).id == "up-1"
-        assert tasks.results_of(conn, ["dl-1"]) == {"dl-1": {"path": "/v.mp4"}}
+        assert task_reads.results_of(conn, ["dl-1"]) == {"dl-1": {"path": "/v.mp4"}}
 
         # The migrated counters keep moving with the tasks.
         for run_id in ("run-1", "run-2"):
@@ -211,7 +211,7 @@ def test_version_1_database_with_duplicate_active_keys_is_upgraded(db_path: Path
     upgraded = db.open_database(db_path)
     try:
         assert migrations.current_version(upgraded) == migrations.LATEST
-        assert {t.id for t in tasks.list_tasks(upgraded)} == {"first", "second"}
+        assert {t.id for t in task_reads.list_tasks(upgraded)} == {"first", "second"}
         # The key stays with the older task, and still holds.
         duplicate = tasks.submit(upgraded, [TaskSpec(type="DOWNLOAD", idempotency_key="m1:DOWNLOAD")], now=T0)
         assert duplicate.tasks == (tasks.SubmittedTask("first", created=False),)
@@ -240,7 +240,7 @@ def test_active_template_tasks_keep_their_placeholders_filled_after_migration_5(
     conn.close()
     upgraded = db.open_database(db_path)
     try:
-        refs = {t.id: t.payload_refs for t in tasks.list_tasks(upgraded)}
+        refs = {t.id: t.payload_refs for t in task_reads.list_tasks(upgraded)}
         assert refs == {"templated": True, "finished": False, "no_deps": False, "plain": False}
     finally:
         upgraded.close()
@@ -268,7 +268,7 @@ def test_failed_migration_leaves_the_previous_version(db_path: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from daemon.store import db, tasks
+    from daemon.store import db, task_reads, tasks
     from daemon.submission import TaskSpec
 
     conn = db.open_database(sys.argv[1])

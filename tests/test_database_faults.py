@@ -23,7 +23,7 @@ from daemon import faults, recovery
 from daemon.engine.attempt import Phase
 from daemon.config import Settings
 from daemon.models import Task, TaskStatus
-from daemon.store import db, restarts, tasks
+from daemon.store import db, restarts, task_reads
 from daemon.submission import parse_spec
 from daemon.supervisor import Supervisor
 from tests import mounts
@@ -54,7 +54,7 @@ def stored(database: Path) -> dict[str, Task]:
     """The task rows as another process sees them (committed only)."""
     conn = db.connect(database)
     try:
-        return {t.id: t for t in tasks.list_tasks(conn)}
+        return {t.id: t for t in task_reads.list_tasks(conn)}
     finally:
         conn.close()
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from daemon import cli, service
 from daemon.models import TaskStatus
-from daemon.store import boots, cleaning, db, migrations, queues, restarts, runs, schema, tasks, waiting
+from daemon.store import attempts, boots, cleaning, db, migrations, queues, restarts, runs, schema, task_reads, tasks, waiting
 from daemon.submission import parse_spec
 from tests import store_steps
 from tests.postgres_cluster import Cluster
@@ -66,7 +66,7 @@ def make_queue(path: Path) -> dict[str, Any]:
     tasks.retry(conn, retried, error="flaky", error_type="EXCEPTION", not_before=T0 + 60, now=T0 + 9)
     [running, claimed] = submit(conn, {"priority": 30}, {"priority": 29}, now=T0 + 10)
     assert start_next(conn, T0 + 11) == running
-    tasks.record_progress(conn, [(running, 42, "downloading")])
+    attempts.record_progress(conn, [(running, 42, "downloading")])
     assert store_steps.claim_next(conn, T0 + 12).id == claimed  # type: ignore[union-attr]
     restarts.record(conn, "session-1", [tasks.get(conn, running)], now=T0 + 13)
     restarts.record(conn, "session-2", [tasks.get(conn, running), tasks.get(conn, claimed)], now=T0 + 14)
@@ -99,13 +99,13 @@ def target(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterato
 
 def stored(conn: sqlite3.Connection) -> dict[str, Any]:
     """Everything the store reads back, the same way on both backends."""
-    every = tasks.list_tasks(conn)
+    every = task_reads.list_tasks(conn)
     return {
         "tasks": sorted(every, key=lambda task: task.seq),
         "runs": runs.list_runs(conn),
         "restart log": restarts.list_entries(conn, include_resolved=True),
         "paused queues": queues.paused(conn),
-        "counts": tasks.count_by_status(conn),
+        "counts": task_reads.count_by_status(conn),
         "downstream": {task.id: [t.id for t in tasks.downstream(conn, task.id)] for task in every},
         "next ready at": tasks.next_ready_at(conn),
     }
@@ -149,7 +149,7 @@ def test_every_row_is_copied_and_reads_back_equal(source: tuple[Path, dict[str, 
         del rows["supervisor"]
         copied_rows = table_rows(pg_conn)
         assert copied_rows.pop("supervisor") == [] and copied_rows == rows
-        copied = {task.id: task for task in tasks.list_tasks(pg_conn)}
+        copied = {task.id: task for task in task_reads.list_tasks(pg_conn)}
     # What each was left as, copied as it is (the PostgreSQL daemon's recovery deals with these).
     assert copied[made["first"]].result == {"out": [1, 2.5, None], "ok": True}
     assert copied[made["doomed"]].status is TaskStatus.FAILED
@@ -157,6 +157,14 @@ def test_every_row_is_copied_and_reads_back_equal(source: tuple[Path, dict[str, 
     assert copied[made["running"]].status is TaskStatus.RUNNING and copied[made["running"]].progress == 42
     assert copied[made["claimed"]].status is TaskStatus.CLAIMED
     assert copied[made["retried"]].not_before == T0 + 60
+
+
+def test_the_copied_tables_have_statistics_for_the_planner(source: tuple[Path, dict[str, Any]], target: str) -> None:
+    # Never analyzed, a table is planned for as nearly empty until autovacuum comes round.
+    path, _ = source
+    assert copy(path, target).exit_code == 0
+    with db.connect_read_only(target) as conn:
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'task'").fetchone()[0] == 10
 
 
 def test_tasks_left_in_flight_are_copied_as_claimed_by_no_supervisor(
@@ -171,7 +179,7 @@ def test_tasks_left_in_flight_are_copied_as_claimed_by_no_supervisor(
                      (made["running"], made["claimed"], made["first"]))
     assert copy(path, target).exit_code == 0
     with db.open_database(target) as conn:
-        copied = {task.id: task for task in tasks.list_tasks(conn)}
+        copied = {task.id: task for task in task_reads.list_tasks(conn)}
     assert copied[made["running"]].supervisor is None and copied[made["claimed"]].supervisor is None
     assert copied[made["first"]].supervisor == "old-host"
 
@@ -180,7 +188,7 @@ def test_new_rows_on_the_copy_get_fresh_keys(source: tuple[Path, dict[str, Any]]
     path, made = source
     assert copy(path, target).exit_code == 0
     with db.open_database(target) as conn:
-        old = {task.id: task.seq for task in tasks.list_tasks(conn)}
+        old = {task.id: task.seq for task in task_reads.list_tasks(conn)}
         [new] = submit(conn, {"depends_on": [made["second"]]}, now=T0 + 100)
         new_seq = tasks.get(conn, new).seq
         assert new_seq == made["highest_seq"] + 1  # not even the seq of the task cleaned away
@@ -221,7 +229,7 @@ def test_a_target_with_other_rows_is_refused_too(source: tuple[Path, dict[str, A
 
     assert result.exit_code == 1 and "already holds 1 row in boot" in result.stderr
     with db.open_database(url) as conn:
-        assert tasks.list_tasks(conn) == [] and boots.boot_time(conn, "another-host", 0.0) == T0
+        assert task_reads.list_tasks(conn) == [] and boots.boot_time(conn, "another-host", 0.0) == T0
     postgres_cluster.drop(url)
 
 
@@ -301,8 +309,9 @@ def test_a_bad_or_unreachable_target_is_one_error_line(source: tuple[Path, dict[
     assert fingerprint(path) == before
 
 
-def test_a_failed_copy_writes_nothing(source: tuple[Path, dict[str, Any]], target: str) -> None:
-    """A row PostgreSQL refuses (here a progress SQLite kept as text) rolls the whole copy back."""
+def test_a_failed_copy_leaves_the_target_as_it_was(source: tuple[Path, dict[str, Any]], target: str) -> None:
+    """A row PostgreSQL refuses (here a progress SQLite kept as text), met after the migration,
+    rolls the whole copy back, the migration with it: not even an empty table is left."""
     path, _ = source
     conn = db.connect(path)
     conn.execute("UPDATE task SET progress = 'lots' WHERE seq = (SELECT max(seq) FROM task)")
@@ -312,9 +321,14 @@ def test_a_failed_copy_writes_nothing(source: tuple[Path, dict[str, Any]], targe
 
     assert result.exit_code == 1
     assert result.stderr.startswith("error: the copy failed, nothing was written: ") and result.stderr.count("\n") == 1
-    with db.open_database(target) as conn:  # migrated, and empty
-        assert tasks.list_tasks(conn) == [] and runs.list_runs(conn) == []
-        assert restarts.list_entries(conn, include_resolved=True) == []
+    assert tables_of(target) == []  # unmigrated: no schema_version, no empty task table
+    conn = db.connect(path)
+    conn.execute("UPDATE task SET progress = 0 WHERE progress = 'lots'")
+    conn.close()
+    again = copy(path, target)  # the target is still an empty database, as before the first
+    assert again.exit_code == 0, again.output
+    with db.open_database(target) as pg_conn:
+        assert len(task_reads.list_tasks(pg_conn)) == 10
 
 
 def test_the_help_says_what_it_does() -> None:

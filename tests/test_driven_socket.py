@@ -13,7 +13,8 @@ import pytest
 
 from daemon import control, faults, operations, protocol
 from daemon.config import Settings
-from daemon.supervisor import CALL_TIMEOUT, Supervisor
+from daemon.engine.requests import CALL_TIMEOUT
+from daemon.supervisor import Supervisor
 from tests.conftest import wait_for
 
 

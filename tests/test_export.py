@@ -1,4 +1,5 @@
-"""`fredica export`: the tasks as CSV or JSON lines, straight from a real database, read-only."""
+"""`fredica export`: the tasks as CSV or JSON lines, straight from a real database, read-only: a SQLite
+file, and the same queue moved to PostgreSQL exported alike."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import json
 import os
 from pathlib import Path
 
-from click.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 
 from daemon import cli
+from daemon import export as exporting
 from daemon.store import db, tasks
+from daemon.store import export as export_store
 from daemon.submission import parse_spec
+from tests.postgres_cluster import url  # noqa: F401 (a migrated PostgreSQL database of each test's own)
 from tests.store_steps import claim_next
 
 T0 = 1_700_000_000.0
@@ -113,3 +118,112 @@ def test_a_held_task_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["--config", str(config_for(tmp_path)), "export"])
     assert [(r["status"], r["is_held"]) for r in map(json.loads, result.stdout.splitlines())] == [
         ("pending", 1), ("pending", 0)]
+
+
+def test_pages_of_several_statuses_are_read_in_seq_order_not_sorted_each_time(tmp_path: Path) -> None:
+    # Each page sorting every match after it would make an export quadratic in its matches.
+    three_tasks(tmp_path)
+    conn = db.connect_read_only(tmp_path / "fredica.db")
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    assert len(list(export_store.rows(conn, statuses=["waiting", "completed"], page=2))) == 3
+    conn.set_trace_callback(None)
+    [page, *_] = [sql for sql in statements if sql.startswith("SELECT seq")]
+    plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + page))
+    conn.close()
+    assert "INTEGER PRIMARY KEY" in plan and "TEMP B-TREE" not in plan, plan
+
+
+# --- PostgreSQL: the same rows, the same output -------------------------------------------------
+
+
+def varied_queue(path: Path) -> dict[str, str]:
+    """A SQLite queue of two runs whose tasks ended every way, or wait, held or not; by name."""
+    conn = db.open_database(path)
+    try:
+        first = tasks.submit(conn, [parse_spec({"type": "ECHO", "payload": {"n": n, "text": "ünï \"q\", \\ %"}})
+                                    for n in range(4)], now=T0)
+        second = tasks.submit(conn, [parse_spec({"type": "SHELL", "hold": True, "material_id": "m-1"}),
+                                     parse_spec({"type": "ECHO", "priority": 3, "idempotency_key": "k"})], now=T0 + 1)
+        done = claim_next(conn, T0 + 2)
+        assert done is not None and done.id == second.tasks[1].id
+        tasks.start(conn, done.id, now=T0 + 2.5, known=done)
+        tasks.complete(conn, done.id, {"echo": "done, ünïcode", "list": [1, 2.5, None]}, now=T0 + 3.125)
+        failed = claim_next(conn, T0 + 4)
+        assert failed is not None and failed.id == first.tasks[0].id
+        tasks.start(conn, failed.id, now=T0 + 4, known=failed)
+        tasks.fail(conn, failed.id, error='boom\nsecond line, "quoted"', error_type="EXCEPTION", now=T0 + 5)
+        return {"first_run": str(first.run_id), "second_run": str(second.run_id)}
+    finally:
+        conn.close()
+
+
+def postgres_config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "postgres.toml"
+    path.write_text(f'[daemon]\ndatabase = "{url}"\nsocket = "{tmp_path}/pg.sock"\nlog_dir = "{tmp_path}/pg-logs"\n')
+    return path
+
+
+def export(config: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli.main, ["--config", str(config), "export", *args])
+
+
+FILTERS = [(), ("--status", "waiting"), ("--status", "failed", "--status", "held"), ("--run", "RUN"),
+           ("--run", "RUN", "--status", "completed"), ("--status", "cancelled")]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_postgresql_queue_exports_as_its_sqlite_original_did(
+    tmp_path: Path, url: str, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Moved with `fredica db copy`: the same rows on both backends, no daemon running on either.
+    made = varied_queue(tmp_path / "fredica.db")
+    copied = CliRunner().invoke(cli.main, ["db", "copy", str(tmp_path / "fredica.db"), url])
+    assert copied.exit_code == 0, copied.output
+    monkeypatch.setattr(export_store, "PAGE", 2)  # 6 tasks: page boundaries inside every export
+    sqlite, postgres = config_for(tmp_path), postgres_config(tmp_path, url)
+    seen = set()
+    for given in FILTERS:
+        args = ["--format", fmt, *(made["second_run"][:8] if arg == "RUN" else arg for arg in given)]
+        expected, exported = export(sqlite, *args), export(postgres, *args)
+        assert expected.exit_code == 0, expected.output
+        assert (exported.exit_code, exported.stdout, exported.stderr) == (0, expected.stdout, expected.stderr), given
+        seen.add(expected.stdout)
+    assert len(seen) == len(FILTERS)  # each filter kept other tasks
+    everything = export(postgres, "--format", fmt)
+    assert everything.stderr == "6 tasks exported\n"
+
+
+def test_a_postgresql_export_reads_one_snapshot_a_page_at_a_time(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = db.open_database(url)
+    try:
+        tasks.submit(writer, [parse_spec({"type": "ECHO", "payload": {"n": n}}) for n in range(5)], now=T0)
+        monkeypatch.setattr(export_store, "PAGE", 2)
+        found = exporting.rows(url)
+        first = next(found)
+        # Submitted after the export's first page: a later page must not show it.
+        tasks.submit(writer, [parse_spec({"type": "ECHO", "payload": {"n": 99}})], now=T0 + 1)
+        rest = list(found)
+    finally:
+        writer.close()
+    assert [json.loads(row["payload"])["n"] for row in [first, *rest]] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("given,expected", [
+    (("--status", "nope"), "error: unknown status 'nope': one of "),
+    (("--run", "nope"), "error: no workflow run has id nope"),
+])
+def test_bad_requests_of_a_postgresql_export_are_one_line(tmp_path: Path, url: str, given: tuple[str, ...],
+                                                          expected: str) -> None:
+    result = export(postgres_config(tmp_path, url), *given)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_an_unreachable_postgresql_server_is_one_line(tmp_path: Path) -> None:
+    result = export(postgres_config(tmp_path, "postgresql:///queue?host=/nonexistent/socket/dir"))
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "cannot connect to the database" in result.stderr

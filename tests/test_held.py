@@ -11,7 +11,7 @@ import pytest
 
 from daemon import models
 from daemon.models import TaskStatus as S
-from daemon.store import runs, selection, tasks, waiting
+from daemon.store import cancels, runs, selection, task_reads, tasks, waiting
 from daemon.store.selection import Scope
 from daemon.submission import parse_spec
 from tests import store_steps
@@ -125,14 +125,14 @@ def test_status_words_held_and_waiting_split_pending(conn: sqlite3.Connection) -
     assert store_steps.claim_next(conn, T0).id == claimed
 
     def listed(status: Any) -> list[str]:
-        return [t.id for t in tasks.list_tasks(conn, status=status)]
+        return [t.id for t in task_reads.list_tasks(conn, status=status)]
 
     assert listed("held") == [held]
     assert listed("waiting") == [claimed, free]  # not the held one: it shows as held
     assert listed("pending") == [held, free]  # the stored status, held or not
     assert listed(["waiting", "held"]) == [held, claimed, free]
     assert listed(["held", "claimed"]) == [held, claimed]
-    assert tasks.count_by_status(conn)["held"] == 1 and tasks.count_by_status(conn)["pending"] == 2
+    assert task_reads.count_by_status(conn)["held"] == 1 and task_reads.count_by_status(conn)["pending"] == 2
 
 
 @pytest.mark.parametrize("newest_first", [False, True])
@@ -154,7 +154,7 @@ def test_cancel_waiting_cancels_the_waiting_ones_together_and_counts_their_depen
                                       {"type": "B", "depends_on": ["a"]}, {"type": "C"}, {"type": "D"})
     for task_id in claim_all(conn):  # `alone` and `running`; `down` waits for `up`
         tasks.transition(conn, task_id, S.PENDING if task_id == alone else S.RUNNING, now=T0)
-    assert tasks.cancel_waiting(conn, [up, alone, running, "nope"], now=T0) == {up: 1, alone: 0}
+    assert cancels.cancel_waiting(conn, [up, alone, running, "nope"], now=T0) == {up: 1, alone: 0}
     assert [tasks.get(conn, t).status for t in (up, down, alone, running)] == [S.CANCELLED, S.CANCELLED,
                                                                                S.CANCELLED, S.RUNNING]
     assert tasks.get(conn, down).error_type == models.DEPENDENCY_FAILED

@@ -11,7 +11,7 @@ import pytest
 
 from daemon import models
 from daemon.models import TaskStatus as S
-from daemon.store import db, runs, tasks
+from daemon.store import cancels, db, runs, tasks
 from daemon.submission import TaskSpec, parse_spec
 from tests import store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -43,7 +43,7 @@ def keyed_task_in(conn: sqlite3.Connection, status: S) -> str:
     elif status is S.FAILED:
         tasks.fail(conn, task_id, error="x", error_type="EXCEPTION", now=T0)
     elif status is S.CANCELLED:
-        tasks.cancel(conn, task_id, now=T0)
+        cancels.cancel(conn, task_id, now=T0)
     assert tasks.get(conn, task_id).status is status
     return task_id
 

@@ -9,7 +9,7 @@ import pytest
 
 from daemon.errors import AmbiguousId, IdTooShort, UnknownRun, UnknownTask
 from daemon.models import TaskStatus as S
-from daemon.store import ids, tasks
+from daemon.store import attempts, ids, task_reads, tasks
 from daemon.submission import TaskSpec
 from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
 
@@ -124,10 +124,10 @@ def test_status_words_people_see_filter_as_shown(conn: sqlite3.Connection) -> No
                            "pause": [S.CLAIMED, S.RUNNING], "done": [S.CLAIMED, S.RUNNING, S.COMPLETED]}.items():
         for step in steps:
             tasks.transition(conn, task_id, step, now=T0 + 1)
-    assert tasks.set_paused(conn, "pause", True)
+    assert attempts.set_paused(conn, "pause", True)
 
     def listed(status: str | list[str]) -> list[str]:
-        return [task.id for task in tasks.list_tasks(conn, status=status)]
+        return [task.id for task in task_reads.list_tasks(conn, status=status)]
 
     assert listed("waiting") == ["pend", "claim"]
     assert listed("paused") == ["pause"]
@@ -140,6 +140,6 @@ def test_status_words_people_see_filter_as_shown(conn: sqlite3.Connection) -> No
 def test_type_filter_ignores_case(conn: sqlite3.Connection) -> None:
     submit(conn, "one", task_type="SHELL")
     submit(conn, "two", task_type="Download")
-    assert [t.id for t in tasks.list_tasks(conn, task_type="shell")] == ["one"]
-    assert [t.id for t in tasks.list_tasks(conn, task_type="DOWNLOAD")] == ["two"]
-    assert tasks.list_tasks(conn, task_type="transcode") == []
+    assert [t.id for t in task_reads.list_tasks(conn, task_type="shell")] == ["one"]
+    assert [t.id for t in task_reads.list_tasks(conn, task_type="DOWNLOAD")] == ["two"]
+    assert task_reads.list_tasks(conn, task_type="transcode") == []

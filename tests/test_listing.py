@@ -17,7 +17,7 @@ import pytest
 from daemon import client, listing, models, protocol
 from daemon.models import TaskStatus
 from daemon.store import listing as store_listing
-from daemon.store import tasks
+from daemon.store import task_reads, tasks
 from daemon.submission import TaskSpec
 from tests.conformance import conn  # noqa: F401 (the store's pages on every backend)
 from tests.daemon_harness import Daemon
@@ -34,7 +34,7 @@ def _stored(conn: sqlite3.Connection, count: int = 23) -> list[models.Task]:
     for n in range(count):
         specs = [TaskSpec(type=("ECHO", "shell", "Download")[n % 3], priority=n % 4)]
         tasks.submit(conn, specs, now=NOW - 1000 + n)
-    stored = tasks.list_tasks(conn)
+    stored = task_reads.list_tasks(conn)
     for n, t in enumerate(stored):
         if n % 5 == 0:
             continue  # left pending
@@ -44,7 +44,7 @@ def _stored(conn: sqlite3.Connection, count: int = 23) -> list[models.Task]:
             tasks.complete(conn, started.id, {}, now=NOW - 400 + (n * 13) % 50)
         elif n % 5 == 3:
             tasks.fail(conn, started.id, error="boom", error_type="EXCEPTION", now=NOW - 300)
-    return tasks.list_tasks(conn)
+    return task_reads.list_tasks(conn)
 
 
 def _expected(found: list[models.Task], sort: str) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.models import TaskStatus as S
-from daemon.store import db, runs, tasks
+from daemon.store import db, runs, task_reads, tasks
 from daemon.submission import parse_spec
 
 T0 = 5_000.0
@@ -29,7 +29,7 @@ def _submit(conn: sqlite3.Connection, count: int, *, runs_of: int) -> list[str]:
 def test_a_claim_passes_over_the_tasks_another_is_claiming(database: str | Path, store: sqlite3.Connection) -> None:
     # A run of their own each: claims of one run's tasks wait for each other on its counters' row.
     ids = _submit(store, 10, runs_of=1)
-    order = [t.id for t in sorted(tasks.list_tasks(store), key=lambda t: (-t.priority, t.seq))]
+    order = [t.id for t in sorted(task_reads.list_tasks(store), key=lambda t: (-t.priority, t.seq))]
     other = db.open_database(database)
     try:
         # Waiting for the first claimer's row locks would be a failure here, not a pause.
@@ -77,6 +77,6 @@ def test_threads_claiming_at_once_never_claim_a_task_twice(database: str | Path,
     everything = [task_id for mine in claimed for task_id in mine]
     assert len(everything) == len(set(everything)), "a task was claimed twice"
     assert sorted(everything) == sorted(ids)
-    assert {t.status for t in tasks.list_tasks(store)} == {S.CLAIMED}
-    run_ids = {t.workflow_run_id for t in tasks.list_tasks(store)}
+    assert {t.status for t in task_reads.list_tasks(store)} == {S.CLAIMED}
+    run_ids = {t.workflow_run_id for t in task_reads.list_tasks(store)}
     assert sum(runs.get(store, run_id).counts.claimed for run_id in run_ids) == 300

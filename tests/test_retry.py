@@ -8,7 +8,7 @@ import pytest
 
 from daemon import recovery, retry
 from daemon.models import TaskStatus as S
-from daemon.store import restarts, runs, tasks
+from daemon.store import cancels, restarts, runs, task_reads, tasks
 from daemon.submission import TaskSpec
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
@@ -51,7 +51,7 @@ def test_a_failed_head_comes_back_with_its_cascade_wired_as_before(conn: sqlite3
 
     (result,) = ok(retry.retry_tasks(conn, [head], now=T0 + 1, queue_names=["default", "media"]))
     new_run = runs.get(conn, result.extra["run_id"])
-    copies = tasks.list_tasks(conn, run_id=new_run.id)
+    copies = task_reads.list_tasks(conn, run_id=new_run.id)
     assert [c.type for c in copies] == ["A", "B", "C", "D"]
     new_head, new_middle, new_tail, new_side = copies
     assert result.extra["new_id"] == new_head.id and result.extra["copies"] == [c.id for c in copies[1:]]
@@ -81,7 +81,7 @@ def test_a_dependency_that_completed_stays_on_that_task_already_done(conn: sqlit
     assert new_joined.depends_on == (done, result.extra["new_id"])  # the order kept, for {@N} references
     complete(conn, result.extra["new_id"])
     assert [t.id for t in tasks.claim_ready(conn, T0 + 2, 10)] == [new_joined.id]
-    assert tasks.results_of(conn, new_joined.depends_on)[done] == {"output": "/media/x"}
+    assert task_reads.results_of(conn, new_joined.depends_on)[done] == {"output": "/media/x"}
     assert task_count(conn) == 5  # the completed task was not copied
 
 
@@ -96,12 +96,12 @@ def test_ids_of_one_run_make_one_run_and_no_task_is_copied_twice(conn: sqlite3.C
     # Alone, the left one comes back without the join: its other upstream failed too.
     (alone,) = ok(retry.retry_tasks(conn, [left], now=T0 + 1))
     assert alone.extra["copies"] == [] and alone.message.endswith(f"(run {alone.extra['run_id'][:8]})")
-    tasks.cancel(conn, alone.extra["new_id"], now=T0 + 1)
+    cancels.cancel(conn, alone.extra["new_id"], now=T0 + 1)
 
     before = task_count(conn)
     results = ok(retry.retry_tasks(conn, [left, right, joined, left], now=T0 + 2))
     assert len({r.extra["run_id"] for r in results}) == 1
-    copies = tasks.list_tasks(conn, run_id=results[0].extra["run_id"])
+    copies = task_reads.list_tasks(conn, run_id=results[0].extra["run_id"])
     assert [c.type for c in copies] == ["L", "R", "J", "K"] and task_count(conn) == before + 4
     new_left, new_right, new_joined, new_after = copies
     assert new_joined.depends_on == (new_left.id, new_right.id) and new_after.depends_on == (new_joined.id,)
@@ -113,7 +113,7 @@ def test_tasks_of_two_runs_make_two_runs(conn: sqlite3.Connection) -> None:
     (first,) = batch(conn, TaskSpec(type="A"))
     (second,) = batch(conn, TaskSpec(type="B"))
     fail(conn, first)
-    tasks.cancel(conn, second, now=T0)
+    cancels.cancel(conn, second, now=T0)
     results = ok(retry.retry_tasks(conn, [first, second], now=T0 + 1))
     assert len({r.extra["run_id"] for r in results}) == 2
 
@@ -200,7 +200,7 @@ def test_recreating_entries_of_one_run_makes_one_run_with_their_dependencies(con
     assert [r.extra["task_id"] for r in results] == [left, right]
     (run_id,) = {r.extra["run_id"] for r in results}
     assert runs.get(conn, run_id).template == "pair"
-    new_left, new_right, new_joined = tasks.list_tasks(conn, run_id=run_id)
+    new_left, new_right, new_joined = task_reads.list_tasks(conn, run_id=run_id)
     assert new_joined.depends_on == (new_left.id, new_right.id) and new_joined.type == "J"
     assert results[0].message == (f"recreated entry {entries[left]} (task {left[:8]}) as {new_left.id[:8]},"
                                   f" with 1 task its failure cancelled (run {run_id[:8]})")

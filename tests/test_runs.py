@@ -11,7 +11,7 @@ from daemon import models, scheduler
 from daemon.errors import UnknownRun
 from daemon.models import RunCounts, RunStatus
 from daemon.models import TaskStatus as S
-from daemon.store import db, runs, tasks
+from daemon.store import cancels, db, runs, tasks
 from tests import store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
 from daemon.submission import TaskSpec
@@ -146,7 +146,7 @@ def test_retry_keeps_the_run_running(conn: sqlite3.Connection) -> None:
 def test_cascade_moves_the_counters_of_every_run_it_touches(conn: sqlite3.Connection) -> None:
     (up,) = tasks.submit(conn, [TaskSpec(type="UP")], now=T0).tasks
     down = tasks.submit(conn, [TaskSpec(type="DOWN", depends_on=(up.id,)), TaskSpec(type="FREE")], now=T0)
-    tasks.cancel(conn, up.id, now=T0 + 1)
+    cancels.cancel(conn, up.id, now=T0 + 1)
     run = runs.get(conn, down.run_id)
     assert run.counts == RunCounts(pending=1, cancelled=1)
     assert run.status is RunStatus.RUNNING  # pending beside a finished task
@@ -216,7 +216,7 @@ def test_cancel_waiting_in_run(conn: sqlite3.Connection) -> None:
     tasks.transition(conn, done, S.CLAIMED, now=T0 + 1)
     tasks.complete(conn, done, {}, now=T0 + 2)
 
-    outcome = tasks.cancel_waiting_in_run(conn, sub.run_id, now=T0 + 3)
+    outcome = cancels.cancel_waiting_in_run(conn, sub.run_id, now=T0 + 3)
 
     assert outcome.cancelled == (pending, claimed, after_running)
     assert outcome.running == (running,)
@@ -234,7 +234,7 @@ def test_cancel_waiting_in_run(conn: sqlite3.Connection) -> None:
     run = runs.get(conn, sub.run_id)
     assert run.status is RunStatus.RUNNING  # the running task has yet to stop
     assert run.completed_at is None
-    tasks.cancel(conn, running, now=T0 + 4)
+    cancels.cancel(conn, running, now=T0 + 4)
     run = runs.get(conn, sub.run_id)
     assert run.status is RunStatus.CANCELLED
     assert run.counts == RunCounts(completed=1, cancelled=4)
@@ -243,7 +243,7 @@ def test_cancel_waiting_in_run(conn: sqlite3.Connection) -> None:
 
 def test_cancel_waiting_in_an_unknown_run(conn: sqlite3.Connection) -> None:
     with pytest.raises(UnknownRun):
-        tasks.cancel_waiting_in_run(conn, "no-such-run", now=T0)
+        cancels.cancel_waiting_in_run(conn, "no-such-run", now=T0)
 
 
 def test_runs_are_listed_newest_first_those_of_one_instant_by_id(conn: sqlite3.Connection) -> None:

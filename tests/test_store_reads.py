@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from daemon.models import TaskStatus as S
-from daemon.store import boots, live, tasks
+from daemon.store import attempts, boots, cancels, live, task_reads, tasks
 from daemon.submission import parse_spec
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
@@ -28,7 +28,7 @@ def test_counts_by_status_include_every_status(conn: sqlite3.Connection) -> None
     ids = _chain(conn)
     tasks.claim_ready(conn, T0, 1)
     tasks.start(conn, ids[0], now=T0)
-    assert tasks.count_by_status(conn) == {
+    assert task_reads.count_by_status(conn) == {
         "pending": 3, "claimed": 0, "running": 1, "completed": 0, "failed": 0, "cancelled": 0,
         "held": 0,  # the held part of pending (SPEC §14)
     }
@@ -37,7 +37,7 @@ def test_counts_by_status_include_every_status(conn: sqlite3.Connection) -> None
 def test_active_downstream_counts_transitive_dependents_not_yet_ended(conn: sqlite3.Connection) -> None:
     ids = _chain(conn)
     assert tasks.active_downstream(conn, ids[0]) == 2
-    tasks.cancel(conn, ids[2], now=T0)
+    cancels.cancel(conn, ids[2], now=T0)
     assert tasks.active_downstream(conn, ids[0]) == 1
     assert tasks.active_downstream(conn, ids[3]) == 0
 
@@ -46,12 +46,12 @@ def test_pause_states_are_recorded_for_running_tasks_only(conn: sqlite3.Connecti
     _chain(conn)
     claimed = tasks.claim_ready(conn, T0, 2)
     tasks.start(conn, claimed[0].id, now=T0)
-    tasks.record_pause_states(conn, [(claimed[0].id, True, True, "need a human"), (claimed[1].id, True, True, "x")])
+    attempts.record_pause_states(conn, [(claimed[0].id, True, True, "need a human"), (claimed[1].id, True, True, "x")])
     running = tasks.get(conn, claimed[0].id)
     assert (running.is_paused, running.is_pausable, running.status_text) == (True, True, "need a human")
     waiting = tasks.get(conn, claimed[1].id)
     assert (waiting.status, waiting.is_paused, waiting.status_text) == (S.CLAIMED, False, None)
-    assert [t.id for t in tasks.list_tasks(conn, status="paused")] == [claimed[0].id]
+    assert [t.id for t in task_reads.list_tasks(conn, status="paused")] == [claimed[0].id]
 
 
 def test_a_boot_time_is_kept_once(conn: sqlite3.Connection) -> None:
@@ -65,7 +65,7 @@ def test_the_live_feed_and_the_page_read_alike_on_every_backend(conn: sqlite3.Co
     ids = _chain(conn)
     [claimed] = tasks.claim_ready(conn, T0, 1)
     tasks.start(conn, claimed.id, now=T0 + 1)
-    seqs = {task.id: task.seq for task in tasks.list_tasks(conn)}
+    seqs = {task.id: task.seq for task in task_reads.list_tasks(conn)}
 
     [running] = live.active(conn)
     assert running["id"] == claimed.id and running["status"] == "running"

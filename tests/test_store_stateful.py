@@ -43,7 +43,8 @@ from hypothesis.stateful import (
 
 from daemon.errors import InvalidTransition, SubmissionRefused, UnknownRun, UnknownTask
 from daemon.models import DEPENDENCY_FAILED, TaskStatus
-from daemon.store import db, runs, tasks
+from daemon.store import attempts, cancels, db, runs, tasks
+from daemon.store import recovery as recovery_store
 from daemon.submission import parse_spec
 from tests import postgres_cluster, store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -357,7 +358,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self._start(task_id)
         if paused:
-            assert tasks.set_paused(self.conn, task_id, True)
+            assert attempts.set_paused(self.conn, task_id, True)
         if outcome == "complete":
             self._complete(task_id)
         elif outcome == "retry":
@@ -428,7 +429,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         task_id = self._pick(data, self.ids_with(*ACTIVE), "cancel")
-        tasks.cancel(self.conn, task_id, now=self.now)
+        cancels.cancel(self.conn, task_id, now=self.now)
         self._end(task_id, CANCELLED, "CANCELLED")
         self._cascade([task_id])
         self._settle()
@@ -440,7 +441,7 @@ class StoreMachine(RuleBasedStateMachine):
         in_run = sorted((self.model[i] for i in self.run_tasks[run_id]), key=lambda t: t.seq)
         waiting = [t.id for t in in_run if t.status in (PENDING, CLAIMED)]
         running = [t.id for t in in_run if t.status == RUNNING]
-        outcome = tasks.cancel_waiting_in_run(self.conn, run_id, now=self.now)
+        outcome = cancels.cancel_waiting_in_run(self.conn, run_id, now=self.now)
         assert list(outcome.cancelled) == waiting
         assert list(outcome.running) == running
         for task_id in waiting:
@@ -452,8 +453,8 @@ class StoreMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         """The store side of startup recovery (SPEC §9 steps 3 and 6)."""
         running, claimed = self.ids_with(RUNNING), self.ids_with(CLAIMED)
-        failed = tasks.fail_interrupted(self.conn, now=self.now)
-        requeued = tasks.requeue_claimed(self.conn, now=self.now)
+        failed = recovery_store.fail_interrupted(self.conn, now=self.now)
+        requeued = recovery_store.requeue_claimed(self.conn, now=self.now)
         runs.reconcile_non_terminal(self.conn, now=self.now)
         assert sorted(t.id for t in failed) == sorted(running)
         assert sorted(t.id for t in requeued) == sorted(claimed)
@@ -480,18 +481,18 @@ class StoreMachine(RuleBasedStateMachine):
         running = self.model[task_id].status == RUNNING
         before = dump(self.conn)
         if op == "heartbeat":
-            tasks.heartbeat(self.conn, [task_id], self.now)
+            attempts.heartbeat(self.conn, [task_id], self.now)
             if running:
                 assert tasks.get(self.conn, task_id).heartbeat_at == self.now
         elif op == "progress":
             percent = data.draw(st.integers(-5, 105), label="progress")
-            assert tasks.record_progress(self.conn, [(task_id, percent, "working")]) == int(running)
+            assert attempts.record_progress(self.conn, [(task_id, percent, "working")]) == int(running)
             if running:
                 assert tasks.get(self.conn, task_id).progress == max(0, min(100, percent))
         elif op == "pause":
-            assert tasks.set_paused(self.conn, task_id, data.draw(st.booleans(), label="paused")) is running
+            assert attempts.set_paused(self.conn, task_id, data.draw(st.booleans(), label="paused")) is running
         else:
-            assert tasks.set_pausable(self.conn, task_id, data.draw(st.booleans(), label="pausable")) is running
+            assert attempts.set_pausable(self.conn, task_id, data.draw(st.booleans(), label="pausable")) is running
         if not running:
             assert dump(self.conn) == before, f"{op} changed a task that is not running"
 
@@ -519,7 +520,7 @@ class StoreMachine(RuleBasedStateMachine):
         elif op == "requeue":
             tasks.requeue(self.conn, task_id, now=now)
         else:
-            tasks.cancel(self.conn, task_id, now=now)
+            cancels.cancel(self.conn, task_id, now=now)
 
     @rule(data=st.data(), op=st.sampled_from([*sorted(INVALID_FROM), "submit", "cancel_run"]))
     def refused_request(self, data: st.DataObject, op: str) -> None:
@@ -534,7 +535,7 @@ class StoreMachine(RuleBasedStateMachine):
                 tasks.submit(self.conn, specs, now=self.now)
         elif op == "cancel_run":
             with pytest.raises(UnknownRun):
-                tasks.cancel_waiting_in_run(self.conn, str(uuid.uuid4()), now=self.now)
+                cancels.cancel_waiting_in_run(self.conn, str(uuid.uuid4()), now=self.now)
         elif (present := [s for s in sorted(self.INVALID_FROM[op]) if self.ids_with(s)]) and data.draw(
             st.booleans(), label="known task"
         ):

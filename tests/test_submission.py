@@ -11,7 +11,7 @@ import pytest
 from daemon.errors import SubmissionRefused
 from daemon.models import RunStatus
 from daemon.models import TaskStatus as S
-from daemon.store import runs, tasks
+from daemon.store import cancels, runs, task_reads, tasks
 from daemon.submission import MAX_PRIORITY, MAX_RETRIES, parse_spec
 from tests import store_steps
 from tests.conformance import conn, sqlite_only  # noqa: F401 (conn: every test on every backend)
@@ -40,7 +40,7 @@ def stored(conn: sqlite3.Connection) -> dict[str, str]:
     tasks.transition(conn, ids["completed"], S.CLAIMED, now=T0)
     tasks.complete(conn, ids["completed"], {}, now=T0)
     tasks.fail(conn, ids["failed"], error="x", error_type="EXCEPTION", now=T0)
-    tasks.cancel(conn, ids["cancelled"], now=T0)
+    cancels.cancel(conn, ids["cancelled"], now=T0)
     return ids
 
 
@@ -249,7 +249,7 @@ def test_single_task_gets_its_own_run(conn: sqlite3.Connection) -> None:
         run = runs.get(conn, sub.run_id)
         assert run.template == "adhoc"
         assert run.total_tasks == 1
-        assert [t.id for t in tasks.list_tasks(conn, run_id=sub.run_id)] == [sub.tasks[0].id]
+        assert [t.id for t in task_reads.list_tasks(conn, run_id=sub.run_id)] == [sub.tasks[0].id]
 
 
 def test_dependency_on_a_stored_pending_task_waits_for_it(conn: sqlite3.Connection) -> None:

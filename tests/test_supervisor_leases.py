@@ -16,7 +16,7 @@ from daemon import leases, models
 from daemon.config import Settings
 from daemon.errors import AlreadyRunning, InvalidTransition, StaleAttempt
 from daemon.models import TaskStatus as S
-from daemon.store import restarts, supervisors, tasks, waiting
+from daemon.store import attempts, cancels, restarts, supervisors, tasks, waiting
 from daemon.submission import TaskSpec
 from tests.conftest import wait_for
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -92,27 +92,27 @@ def test_late_writes_of_a_replaced_attempt_are_refused_and_the_new_attempt_keeps
     (second,) = claim(conn, "beta")
     current = tasks.start(conn, task_id, now=T0 + 4, known=second)
     old, new = tasks.AttemptRef.of(stale), tasks.AttemptRef.of(current)
-    assert tasks.record_progress(conn, [(new, 30, "beta's")]) == 1
-    tasks.record_pause_states(conn, [(new, False, True, "beta's")])
+    assert attempts.record_progress(conn, [(new, 30, "beta's")]) == 1
+    attempts.record_pause_states(conn, [(new, False, True, "beta's")])
     before = row(conn, task_id)
 
-    assert tasks.record_progress(conn, [(old, 90, "alpha's")]) == 0
-    assert tasks.record_pause_states(conn, [(old, True, True, "alpha's")]) == 0
-    assert tasks.heartbeat(conn, [old], T0 + 50) == 0
-    assert not tasks.set_paused(conn, old, True)
-    assert not tasks.set_pausable(conn, old, False)
+    assert attempts.record_progress(conn, [(old, 90, "alpha's")]) == 0
+    assert attempts.record_pause_states(conn, [(old, True, True, "alpha's")]) == 0
+    assert attempts.heartbeat(conn, [old], T0 + 50) == 0
+    assert not attempts.set_paused(conn, old, True)
+    assert not attempts.set_pausable(conn, old, False)
     for late in (
         lambda: tasks.complete(conn, task_id, {"by": "alpha"}, now=T0 + 5, known=stale),
         lambda: tasks.fail(conn, task_id, error="x", error_type="E", now=T0 + 5, known=stale),
         lambda: tasks.retry(conn, task_id, error="x", error_type="E", not_before=0, now=T0 + 5, known=stale),
         lambda: tasks.requeue(conn, task_id, now=T0 + 5, known=stale),
-        lambda: tasks.cancel(conn, task_id, now=T0 + 5, known=stale),
+        lambda: cancels.cancel(conn, task_id, now=T0 + 5, known=stale),
     ):
         with pytest.raises(StaleAttempt):
             late()
     assert row(conn, task_id) == before
 
-    assert tasks.heartbeat(conn, [new], T0 + 6) == 1
+    assert attempts.heartbeat(conn, [new], T0 + 6) == 1
     done = tasks.complete(conn, task_id, {"by": "beta"}, now=T0 + 7, known=current)
     assert (done.status, done.result, done.progress) == (S.COMPLETED, {"by": "beta"}, 100)
 
@@ -128,6 +128,36 @@ def test_a_late_outcome_of_a_rescued_running_attempt_is_refused(conn: sqlite3.Co
         tasks.complete(conn, task_id, {"late": True}, now=T0 + 4, known=stale)
     after = tasks.get(conn, task_id)
     assert (after.status, after.error_type, after.result) == (S.FAILED, models.INTERRUPTED, None)
+
+
+def test_a_pause_asked_of_another_supervisor_names_its_attempt_and_is_not_carried_to_the_next(
+    conn: sqlite3.Connection,
+) -> None:
+    (task_id,) = submit(conn, 1)
+    (first,) = claim(conn, "alpha")
+    running = tasks.start(conn, task_id, now=T0 + 2, known=first)
+    ref = tasks.AttemptRef.of(running)
+    assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([], {})
+    assert attempts.ask_pause(conn, ref, True)
+    assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([], {task_id: True})
+    assert attempts.ask_pause(conn, ref, False)  # the latest wish is the one that counts
+    assert attempts.look_at_attempts(conn, [ref]).pause_wanted == {task_id: False}
+    attempts.answer_pause(conn, ref)
+    assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([], {})
+
+    assert attempts.ask_pause(conn, ref, True)  # left unanswered: the attempt ends first
+    tasks.requeue(conn, task_id, now=T0 + 3, known=running)
+    # Gone with its attempt: a row out of running holds no wish.
+    assert conn.execute("SELECT pause_wanted FROM task WHERE id = ?", (task_id,)).fetchone()[0] is None
+    assert not attempts.ask_pause(conn, ref, True)  # not running: nothing to ask
+    assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([task_id], {})
+    (second,) = claim(conn, "beta")
+    assert not attempts.ask_pause(conn, ref, True)  # a claim is not a start, and names another attempt
+    current = tasks.start(conn, task_id, now=T0 + 4, known=second)
+    new = tasks.AttemptRef.of(current)
+    assert attempts.look_at_attempts(conn, [new]) == attempts.AttemptRows([], {})  # the old wish is not this one's
+    assert not attempts.ask_pause(conn, ref, False)  # the old attempt's fence
+    assert attempts.look_at_attempts(conn, [ref, new]) == attempts.AttemptRows([task_id], {})
 
 
 # --- leases ------------------------------------------------------------------------------------
@@ -275,5 +305,5 @@ def test_bulk_cancel_hold_and_priority_read_alike_on_both_backends(conn: sqlite3
     assert waiting.set_priority(conn, [second], 5)[second] is None and tasks.get(conn, second).priority == 5
     (claimed,) = claim(conn, "alpha")
     assert claimed.id == second
-    assert set(tasks.cancel_waiting(conn, [first, second, third], now=T0 + 2)) == {first, second, third}
+    assert set(cancels.cancel_waiting(conn, [first, second, third], now=T0 + 2)) == {first, second, third}
     assert {tasks.get(conn, i).status for i in (first, second, third)} == {S.CANCELLED}

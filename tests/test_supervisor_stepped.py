@@ -20,11 +20,12 @@ import pytest
 
 from daemon import faults, models, paths, queues
 from daemon.config import Settings
+from daemon.engine.dispatching import CLAIMS_PER_TICK
 from daemon.models import Task, TaskStatus
 from daemon.store import queues as queue_store
-from daemon.store import tasks
+from daemon.store import attempts, tasks
 from daemon.submission import parse_spec
-from daemon.supervisor import CLAIMS_PER_TICK, Supervisor
+from daemon.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.fake_processes import FakeProcesses
 
@@ -306,9 +307,9 @@ def an_async_attempt(s: Stepped) -> tuple[str, Any]:
 # --- regressions found in review: a rolled-back tick leaves memory as if it never ran -----------
 
 
-def fail_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """The store's `name` meets a full disk once, then works."""
-    real = getattr(tasks, name)
+def fail_once(monkeypatch: pytest.MonkeyPatch, name: str, store: Any = tasks) -> None:
+    """The store's `name` (of the module `store`) meets a full disk once, then works."""
+    real = getattr(store, name)
     armed = [True]
 
     def full_once(*args: Any, **kwargs: Any) -> Any:
@@ -316,7 +317,7 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
             raise sqlite3.OperationalError("database or disk is full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tasks, name, full_once)
+    monkeypatch.setattr(store, name, full_once)
 
 
 def test_a_committed_queue_pause_survives_a_rollback_of_the_rest_of_its_tick(
@@ -326,7 +327,7 @@ def test_a_committed_queue_pause_survives_a_rollback_of_the_rest_of_its_tick(
     s.at(1.0)
     s.submit("ECHO")
     s.at(2.0)  # running: the tick stamps heartbeats
-    fail_once(monkeypatch, "heartbeat")
+    fail_once(monkeypatch, "heartbeat", attempts)
     s.sup._next_heartbeat = 0.0
     # The pause commits in the requests' own transaction; the heartbeat's then fails.
     assert s.request(3.0, lambda: s.sup.set_queue_paused("default", True)) is True

@@ -165,7 +165,7 @@ def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: 
     # A transcode interrupted by a crash, recreated from the restart log: the copy still names
     # its download's result, and is still a template's task that dispatch fills in.
     from daemon import recovery, retry
-    from daemon.store import db, restarts, tasks
+    from daemon.store import db, restarts, task_reads, tasks
 
     text = (
         '[templates.t.tasks.download]\ntype = "ECHO"\n'
@@ -183,6 +183,6 @@ def test_a_recreated_template_task_still_reads_its_dependencys_result(tmp_path: 
     copy_id = result.extra["new_id"]
     copy = tasks.get(conn, copy_id)
     assert copy.payload_refs and copy.depends_on == (download.id,)
-    upstream = tasks.results_of(conn, copy.depends_on)
+    upstream = task_reads.results_of(conn, copy.depends_on)
     assert templates.resolve_results(copy.payload, copy.depends_on, upstream) == {"input": "/media/a.mkv"}
     conn.close()

@@ -11,7 +11,7 @@ import pytest
 from daemon import models
 from daemon.errors import InvalidTransition, UnknownTask
 from daemon.models import TaskStatus as S
-from daemon.store import runs, tasks
+from daemon.store import attempts, cancels, runs, tasks
 from daemon.submission import parse_spec
 from tests import store_steps
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
@@ -62,7 +62,7 @@ def task_in(conn: sqlite3.Connection, status: S) -> tuple[str, str]:
     )
     task_id, dependent_id = (t.id for t in sub.tasks)
     if status is S.CANCELLED:
-        tasks.cancel(conn, task_id, now=T0 + 1)
+        cancels.cancel(conn, task_id, now=T0 + 1)
     elif status is not S.PENDING:
         claimed = store_steps.claim_next(conn, T0 + 1)
         assert claimed is not None and claimed.id == task_id
@@ -227,7 +227,7 @@ def test_started_at_keeps_the_first_start_across_a_retry(
 @pytest.mark.parametrize("terminal", [S.COMPLETED, S.FAILED, S.CANCELLED], ids=str)
 def test_completed_at_set_on_entering_a_terminal_state(conn: sqlite3.Connection, terminal: S) -> None:
     task_id, _ = task_in(conn, S.RUNNING)
-    tasks.record_progress(conn, [(task_id, 40, "halfway")])
+    attempts.record_progress(conn, [(task_id, 40, "halfway")])
     running = tasks.get(conn, task_id)
     assert running.completed_at is None
     assert running.progress == 40
@@ -256,7 +256,7 @@ def test_completed_from_claimed_sets_progress_and_result(conn: sqlite3.Connectio
 
 def test_leaving_running_clears_the_pause_flag(conn: sqlite3.Connection) -> None:
     task_id, _ = task_in(conn, S.RUNNING)
-    assert tasks.set_paused(conn, task_id, True)
+    assert attempts.set_paused(conn, task_id, True)
     assert tasks.get(conn, task_id).display_status == "paused"
     requeued = tasks.requeue(conn, task_id, now=T0 + 5)
     assert requeued.is_paused is False

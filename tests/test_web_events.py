@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from daemon.store import db, live, tasks
+from daemon.store import attempts, cancels, db, live, tasks
 from daemon.submission import parse_spec
 from daemon.web import events
 from tests.postgres_cluster import url  # noqa: F401 (a PostgreSQL database of the test's own)
@@ -56,7 +56,7 @@ def test_a_look_sends_only_what_changed(conn: sqlite3.Connection, db_path: Path)
     message = look(changes, conn, now=0.6)
     assert ids_of(message) == [first] and message["tasks"][0]["status"] == "running"
     assert "counts" not in message  # read at most once per COUNTS_INTERVAL
-    tasks.record_progress(conn, [(first, 40, "frame 40")])
+    attempts.record_progress(conn, [(first, 40, "frame 40")])
     message = look(changes, conn, now=0.7)
     assert [(t["id"], t["progress"], t["status_text"]) for t in message["tasks"]] == [(first, 40, "frame 40")]
     assert look(changes, conn, now=0.8) is None
@@ -67,7 +67,7 @@ def test_a_look_sends_only_what_changed(conn: sqlite3.Connection, db_path: Path)
     assert message["counts"]["completed"] == 1 and message["counts"]["pending"] == 2
     assert look(changes, conn, now=1.3) is None
 
-    tasks.cancel(conn, third, now=T0 + 2)  # a waiting task's change shows in the counts
+    cancels.cancel(conn, third, now=T0 + 2)  # a waiting task's change shows in the counts
     assert look(changes, conn, now=1.4) is None
     message = look(changes, conn, now=2.5)
     assert "tasks" not in message and message["counts"]["cancelled"] == 1

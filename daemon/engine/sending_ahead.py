@@ -27,7 +27,7 @@ from daemon.engine import prefetch
 from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
 from daemon.models import Task
-from daemon.store import db, tasks
+from daemon.store import cancels, db, tasks
 
 if TYPE_CHECKING:
     from daemon.queues import QueueConfig
@@ -77,7 +77,10 @@ class SendsAhead:
         wanted = min(budget, free + sum(depth - len(lane.ahead) for lane in room))
         if wanted <= 0:
             return 0, False, False
-        batch = tasks.claim_ready(self.conn, now, wanted, queue=queue, promote_delayed=promote)
+        # Named as every claim of ours: a claim that names no supervisor is any starting one's to
+        # recover (SPEC §16), and no rescue would find it.
+        batch = tasks.claim_ready(self.conn, now, wanted, queue=queue, promote_delayed=promote,
+                                  supervisor=self.settings.name)
         into_free, behind = batch[:free], batch[free:]
         running_before = len(self.running)
         for task in into_free:
@@ -240,9 +243,11 @@ class SendsAhead:
         assert rt.ended_at is not None
         now, task, reason = rt.ended_at, rt.task, rt.revoke_reason
         if reason == "cancelled":
-            return  # its run's cancel wrote it
+            # Its run's cancel wrote it, or another host's: its process said it never started it.
+            rt.log.info("task_taken_back", reason="cancelled", pid=task.executor_pid)
+            return
         if reason == "cancel":
-            tasks.cancel(self.conn, task.id, now=now, known=task)
+            cancels.cancel(self.conn, task.id, now=now, known=task)
             self._outbox.append(functools.partial(self._count_finished, models.TaskStatus.CANCELLED.value))
             rt.log.info("task_cancelled", by="user", sent_ahead=True)
         elif reason == "handoff" and self._hands_over(task.queue):

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from daemon import models
 from daemon.models import Task, TaskStatus
-from daemon.store.tasks import status_clause  # the one spelling of the status words in SQL
+from daemon.store.task_reads import status_clause  # the one spelling of the status words in SQL
 
 # The order `--sort status` shows: what needs a look (running, waiting) before what has ended.
 _STATUS_ORDER = (TaskStatus.RUNNING, TaskStatus.CLAIMED, TaskStatus.PENDING, TaskStatus.FAILED,
@@ -44,7 +44,7 @@ class Reader(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TaskQuery:
-    """Which tasks a listing holds (filters as `tasks.list_tasks` takes them) and in what order."""
+    """Which tasks a listing holds (filters as `task_reads.list_tasks` takes them) and in what order."""
 
     status: Sequence[str] | None = None  # stored statuses or the words people see
     run_id: str | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Sequence
 
-from daemon.store import tasks
+from daemon.store import task_reads
 
 # Columns of a task the page has no use for, or that change with nothing to show (a heartbeat).
 # Every other column goes to the page, so one another module adds (a hold, say) reaches it too.
@@ -55,8 +55,8 @@ def last_seq(conn: sqlite3.Connection) -> int:
 def newest(conn: sqlite3.Connection, *, status: str | None = None, run_id: str | None = None,
            task_type: str | None = None, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
     """One page of tasks, newest first, older than seq `before` when given; with how many match
-    in all (filtered as `tasks.list_tasks`)."""
-    clauses, params = tasks.filters(status=status, run_id=run_id, task_type=task_type)
+    in all (filtered as `task_reads.list_tasks`)."""
+    clauses, params = task_reads.filters(status=status, run_id=run_id, task_type=task_type)
     total = conn.execute(f"SELECT count(*) FROM task{_where(clauses)}", params).fetchone()[0]
     if before is not None:
         clauses, params = [*clauses, "seq < ?"], [*params, before]

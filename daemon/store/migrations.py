@@ -289,9 +289,19 @@ SUPERVISORS = Migration(
     ),
 )
 
+# 11: a pause or resume asked of the supervisor that runs a task, by another one sharing its
+# (PostgreSQL) database (SPEC §16): 1 pause, 0 resume, NULL nothing asked. The owner reads it when
+# woken, acts on it as on its own user's request, and clears it; a start clears what an earlier
+# attempt left unanswered. One column, not a table of requests: only the latest wish matters.
+PAUSE_WANTED = Migration(
+    11,
+    "a pause or resume asked of another supervisor",
+    ("ALTER TABLE task ADD COLUMN pause_wanted INTEGER",),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
-    HELD_TASKS, SUPERVISORS,
+    HELD_TASKS, SUPERVISORS, PAUSE_WANTED,
 )
 LATEST = MIGRATIONS[-1].version
 

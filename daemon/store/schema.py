@@ -11,7 +11,7 @@ Each migration that changes the schema changes this file in the same commit, and
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 SQLITE: tuple[str, ...] = (
     """
@@ -67,7 +67,8 @@ SQLITE: tuple[str, ...] = (
         queue_explicit INTEGER NOT NULL DEFAULT 0,
         is_held INTEGER NOT NULL DEFAULT 0,
         supervisor TEXT,
-        attempt INTEGER NOT NULL DEFAULT 0
+        attempt INTEGER NOT NULL DEFAULT 0,
+        pause_wanted INTEGER
     )
     """,
     """
@@ -182,7 +183,8 @@ POSTGRESQL: tuple[str, ...] = (
         queue_explicit INTEGER NOT NULL DEFAULT 0,
         is_held INTEGER NOT NULL DEFAULT 0,
         supervisor TEXT,
-        attempt INTEGER NOT NULL DEFAULT 0
+        attempt INTEGER NOT NULL DEFAULT 0,
+        pause_wanted INTEGER
     )
     """,
     """

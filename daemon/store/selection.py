@@ -14,7 +14,7 @@ import sqlite3
 from typing import Any, Iterator, Sequence
 
 from daemon.models import TaskStatus
-from daemon.store import statuses, tasks
+from daemon.store import statuses, task_reads
 
 
 class Scope(enum.Enum):
@@ -42,7 +42,7 @@ def task_ids(
     """The ids of the tasks in `scope` that match every selector given (status words as `ls
     --status` takes them, a run's full id, a type in any case), in submission order (or the
     newest first), `chunk` at a time."""
-    clauses, params = tasks.filters(status=list(status) or None, run_id=run_id, task_type=task_type)
+    clauses, params = task_reads.filters(status=list(status) or None, run_id=run_id, task_type=task_type)
     clauses.insert(0, f"seq {'<' if newest_first else '>'} ?")
     if scope is not None:
         clauses.append(f"({scope.value})")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from daemon.errors import AlreadyRunning
 from daemon.models import Task
-from daemon.store import backend, restarts, statuses, tasks
+from daemon.store import backend, recovery, restarts, statuses
 from daemon.store.db import write
 
 # The database's clock in Unix seconds. clock_timestamp(), not now(): now() is the start of the
@@ -156,9 +156,9 @@ def rescue(conn: sqlite3.Connection, name: str, *, now: float, session_id: str) 
         ).fetchone()
         if found is None:
             return None
-        in_flight = tasks.in_flight(conn, supervisor=name, lock=True)
-        interrupted = tasks.fail_interrupted(conn, now=now, supervisor=name)
-        requeued = tasks.requeue_claimed(conn, now=now, supervisor=name)
+        in_flight = recovery.in_flight(conn, supervisor=name, lock=True)
+        interrupted = recovery.fail_interrupted(conn, now=now, supervisor=name)
+        requeued = recovery.requeue_claimed(conn, now=now, supervisor=name)
         restarts.record(conn, session_id, in_flight, now=now)
         # Last: until its tasks are handled, the row is what says that someone must handle them.
         conn.execute("DELETE FROM supervisor WHERE name = ?", (name,))

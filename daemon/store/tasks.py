@@ -1,8 +1,12 @@
-"""Task repository: reads, claiming, and the one guarded transition (submission: `submissions`).
+"""Task repository: the one guarded transition, and the transitions the supervisor makes on the
+tasks it claims and runs (submission: `submissions`); a task read by id, and its dependents.
 
 Every status change of a task goes through `_transition`, which runs
 `UPDATE task ... WHERE seq IN (...) AND status IN (<allowed sources>)`, moves the run counters and
-applies the consequences (dependents unblocked or cancelled) in the caller's transaction.
+applies the consequences (dependents unblocked or cancelled) in the caller's transaction. The
+store's modules that move many rows at once call it too: `cancels` (a user's cancels) and
+`recovery` (what a supervisor left in flight). Elsewhere: `attempts`, the updates of a running
+attempt that change no status; `task_reads`, the reads of many tasks.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sqlite3
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from daemon import models
-from daemon.errors import InvalidTransition, StaleAttempt, UnknownRun, UnknownTask
+from daemon.errors import InvalidTransition, StaleAttempt, UnknownTask
 from daemon.models import Task, TaskStatus
 from daemon.store import backend, runs, statuses, submissions
 from daemon.store.postgres import claim as postgres_claim
@@ -60,7 +64,6 @@ class AttemptRef(NamedTuple):
 # Appended to a guarded UPDATE's WHERE: the row is still at the attempt the write names.
 # COALESCE: a task claimed with no supervisor named (the store's own tests) is fenced by ''.
 _FENCE = "COALESCE(supervisor, '') = :fence_supervisor AND attempt = :fence_attempt"
-_FENCE_QMARK = "COALESCE(supervisor, '') = ? AND attempt = ?"
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -78,83 +81,29 @@ def get(conn: sqlite3.Connection, task_id: str) -> Task:
     return task
 
 
-def list_tasks(
-    conn: sqlite3.Connection,
-    *,
-    status: str | Iterable[str] | None = None,
-    run_id: str | None = None,
-    task_type: str | None = None,
-    limit: int | None = None,
-) -> list[Task]:
-    """Tasks in submission order, filtered by status(es), run and type (any case).
-
-    A status is a stored one or a word people see (`waiting`, `held`, `paused`: `status_clause`)."""
-    clauses, params = filters(status=status, run_id=run_id, task_type=task_type)
-    sql = "SELECT * FROM task"
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    sql += " ORDER BY seq"
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
-    return [Task.from_row(row) for row in conn.execute(sql, params)]
-
-
-def filters(
-    *, status: str | Iterable[str] | None = None, run_id: str | None = None, task_type: str | None = None
-) -> tuple[list[str], list[Any]]:
-    """The WHERE clauses (to join with AND) and their parameters for a task filter: status
-    words (`status_clause`), a run's full id, a type in any case."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if status is not None:
-        clause, values = status_clause([status] if isinstance(status, str) else list(status))
-        clauses.append(clause)
-        params.extend(values)
-    if run_id is not None:
-        clauses.append("workflow_run_id = ?")
-        params.append(run_id)
-    if task_type is not None:
-        clauses.append("type = ? COLLATE NOCASE")
-        params.append(task_type)
-    return clauses, params
-
-
-def status_where(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The SQL condition, and its parameters, that keeps the tasks in any of the status `words`
-    as `list_tasks` filters them: for the readers of the task table outside this module (`export`)."""
-    return status_clause(words)
-
-
-def status_clause(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The WHERE clause for status words, as people see them (SPEC §14): `waiting` is a claimed
-    task or a pending one not held, `held` a pending task that is held, `paused` a running task
-    that is paused. The stored statuses take all theirs: `running` takes paused tasks in, and
-    `pending` held ones."""
-    stored = {str(word) for word in words if word in set(TaskStatus)}
-    waiting, held = models.DisplayStatus.WAITING in words, models.DisplayStatus.HELD in words
-    if waiting:
-        stored.add(TaskStatus.CLAIMED.value)
-    if waiting and held:
-        stored.add(TaskStatus.PENDING.value)  # both halves of pending: the plain stored status
-    parts = [f"status IN ({', '.join('?' * len(stored))})"] if stored else []
-    if TaskStatus.PENDING not in stored and (waiting or held):
-        parts.append(f"(status = {statuses.PENDING} AND is_held = {int(held)})")
-    if models.DisplayStatus.PAUSED in words and TaskStatus.RUNNING not in stored:
-        parts.append(f"(status = {statuses.RUNNING} AND is_paused = 1)")
-    if not parts:
-        return "1 = 0", []  # no word that names a state: nothing matches (PostgreSQL wants a boolean)
-    return "(" + " OR ".join(parts) + ")", sorted(stored)
-
-
-def results_of(conn: sqlite3.Connection, task_ids: Sequence[str]) -> dict[str, Any]:
-    """Parsed `result` of each given task (dependency id → result), for `ctx.upstream`."""
-    if not task_ids:
-        return {}
-    rows = conn.execute(
-        f"SELECT id, result FROM task WHERE id IN ({', '.join('?' * len(task_ids))})", list(task_ids)
+# The seqs of every task that depends on the task of seq `?`, directly or transitively.
+_BELOW = """
+    WITH RECURSIVE below(seq) AS (
+        SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?
+        UNION
+        SELECT d.task_seq FROM task_dependency AS d JOIN below ON d.depends_on_seq = below.seq
     )
-    return {row["id"]: (None if row["result"] is None else json.loads(row["result"])) for row in rows}
+"""
+
+
+def downstream(conn: sqlite3.Connection, task_id: str) -> list[Task]:
+    """Every task that depends on `task_id`, directly or transitively, in submission order."""
+    seq = _current(conn, task_id)["seq"]
+    rows = conn.execute(f"{_BELOW} SELECT task.* FROM task JOIN below USING (seq) ORDER BY seq", (seq,))
+    return [Task.from_row(row) for row in rows]
+
+
+def active_downstream(conn: sqlite3.Connection, task_id: str) -> int:
+    """How many tasks not yet ended depend on `task_id`, directly or transitively."""
+    seq = _current(conn, task_id)["seq"]
+    return conn.execute(
+        f"{_BELOW} SELECT count(*) FROM task JOIN below USING (seq) WHERE status IN ({statuses.ACTIVE})", (seq,)
+    ).fetchone()[0]
 
 
 # --- the guarded transition --------------------------------------------------------------------
@@ -200,11 +149,13 @@ def _transition(
     elif target is TaskStatus.RUNNING:
         raw["started_at"] = "COALESCE(started_at, :now)"
         assignments["heartbeat_at"] = now
-        assignments["is_paused"] = 0
+        # A new attempt starts unpaused, with nothing asked of it by another supervisor yet.
+        assignments.update(is_paused=0, pause_wanted=None)
     elif target is TaskStatus.PENDING:
-        assignments.update(is_paused=0, executor_pid=None, executor_started_at=None)
+        assignments.update(is_paused=0, executor_pid=None, executor_started_at=None, pause_wanted=None)
     else:  # terminal
-        assignments.update(completed_at=now, is_paused=0)
+        assignments.update(completed_at=now, is_paused=0, pause_wanted=None)
+    # (`pause_wanted`: what another supervisor asked of a running attempt, gone with it.)
     if target is not TaskStatus.PENDING:
         assignments["is_held"] = 0  # only a pending task is held
         if target is TaskStatus.COMPLETED:
@@ -548,276 +499,3 @@ def requeue(
     return transition(
         conn, task_id, TaskStatus.PENDING, now=now, known=known, progress=0, status_text=None, is_held=int(hold)
     )
-
-
-def cancel(
-    conn: sqlite3.Connection, task_id: str, *, now: float, reason: str = "cancelled by user", known: Task | None = None
-) -> Task:
-    """Any active status → cancelled; pending dependents are cancelled too. On a PostgreSQL queue
-    the supervisors are woken at the commit: one that runs the task stops its attempt then."""
-    cancelled = transition(
-        conn, task_id, TaskStatus.CANCELLED, now=now, known=known, error=reason, error_type=models.CANCELLED
-    )
-    wakeups.notify(conn)
-    return cancelled
-
-
-@dataclasses.dataclass(frozen=True)
-class RunCancellation:
-    """What cancelling a run did: tasks cancelled outright, and running ones left to stop."""
-
-    cancelled: tuple[str, ...]
-    running: tuple[str, ...]
-
-
-def cancel_waiting_in_run(
-    conn: sqlite3.Connection, run_id: str, *, now: float, reason: str = "run cancelled by user"
-) -> RunCancellation:
-    """Cancel every pending and claimed task of a run; report the running ones (the supervisor
-    stops those through their executors)."""
-    with write(conn):
-        if runs.find(conn, run_id) is None:
-            raise UnknownRun(f"no workflow run has id {run_id}")
-        rows = conn.execute(
-            f"""SELECT seq, id, status, workflow_run_id FROM task
-                WHERE workflow_run_id = ? AND status IN ({statuses.ACTIVE}) ORDER BY seq""",
-            (run_id,),
-        ).fetchall()
-        waiting = [r for r in rows if r["status"] != TaskStatus.RUNNING.value]
-        running = tuple(r["id"] for r in rows if r["status"] == TaskStatus.RUNNING.value)
-        _transition(
-            conn,
-            waiting,
-            TaskStatus.CANCELLED,
-            now=now,
-            fields={"error": reason, "error_type": models.CANCELLED},
-        )
-    return RunCancellation(tuple(r["id"] for r in waiting), running)
-
-
-def cancel_waiting(
-    conn: sqlite3.Connection, task_ids: Sequence[str], *, now: float, reason: str = "cancelled by user"
-) -> dict[str, int]:
-    """Cancel those of `task_ids` that are pending or claimed, in one guarded transition (a bulk
-    cancel: SPEC §14), their pending dependents with them. For each one cancelled, how many tasks
-    not yet ended depended on it, counted before; the others (running, finished, unknown) are
-    left alone for the caller."""
-    found: list[sqlite3.Row] = []
-    for start in range(0, len(task_ids), 500):
-        part = list(task_ids[start : start + 500])
-        found += conn.execute(
-            # `+status`: by the ids' index, not every waiting task's entry in the status index.
-            f"SELECT seq, id, status, workflow_run_id FROM task WHERE id IN ({', '.join('?' * len(part))})"
-            f" AND +status IN ({statuses.WAITING})", part,
-        ).fetchall()
-    if not found:
-        return {}
-    with write(conn):
-        seqs = [row["seq"] for row in found]
-        with_dependents: set[int] = set()
-        for start in range(0, len(seqs), 500):
-            part = seqs[start : start + 500]
-            with_dependents.update(row[0] for row in conn.execute(
-                f"SELECT DISTINCT depends_on_seq FROM task_dependency WHERE depends_on_seq IN ({', '.join('?' * len(part))})",
-                part))
-        # Only a task that has dependents needs its own count (a recursive query each).
-        dependents = {row["id"]: active_downstream(conn, row["id"]) if row["seq"] in with_dependents else 0
-                      for row in found}
-        _transition(conn, found, TaskStatus.CANCELLED, now=now, snapshots=False,
-                    fields={"error": reason, "error_type": models.CANCELLED})
-    return dependents
-
-
-# --- updates of a running task that do not change its status ------------------------------------
-# Each names the task by id (whichever attempt runs it: a user's request, the store's tests) or by
-# `AttemptRef` (only that attempt: the supervisor's writes about the attempts it runs). A write
-# that matches no row changes nothing; each returns how many it wrote, for its caller to log the
-# rest.
-
-
-def _by_attempt(items: Sequence[tuple[Any, ...]], sql: str) -> list[tuple[str, list[tuple[Any, ...]]]]:
-    """The statements (`sql` with its WHERE completed) and their parameter rows for `items`, each
-    (task id or AttemptRef, *values): an AttemptRef's row is fenced to its attempt."""
-    plain, fenced = [], []
-    for target, *values in items:
-        if isinstance(target, AttemptRef):
-            fenced.append((*values, target.task_id, target.supervisor or "", target.attempt))
-        else:
-            plain.append((*values, target))
-    where = f" WHERE id = ? AND status = {statuses.RUNNING}"
-    return [(statement, batch) for statement, batch in (
-        (sql + where, plain), (sql + where + f" AND {_FENCE_QMARK}", fenced)) if batch]
-
-
-def _update_running(conn: sqlite3.Connection, items: Sequence[tuple[Any, ...]], sql: str) -> int:
-    with write(conn):
-        return sum(conn.executemany(statement, batch).rowcount for statement, batch in _by_attempt(items, sql))
-
-
-def set_paused(conn: sqlite3.Connection, task: str | AttemptRef, paused: bool) -> bool:
-    """Record that a running task is paused or not; False if it is not running (at that attempt)."""
-    return _update_running(conn, [(task, int(paused))], "UPDATE task SET is_paused = ?") == 1
-
-
-def set_pausable(conn: sqlite3.Connection, task: str | AttemptRef, pausable: bool) -> bool:
-    """Record whether a running task can be paused; False if it is not running (at that attempt)."""
-    return _update_running(conn, [(task, int(pausable))], "UPDATE task SET is_pausable = ?") == 1
-
-
-def record_pause_states(
-    conn: sqlite3.Connection, states: Sequence[tuple[str | AttemptRef, bool, bool, str | None]]
-) -> int:
-    """Record (task, is_paused, is_pausable, status text) of running tasks as the supervisor
-    knows them (the text: why it is paused, or its executor's own); tasks no longer running (at
-    that attempt) are left alone. How many were written."""
-    return _update_running(
-        conn, [(task, int(paused), int(pausable), text) for task, paused, pausable, text in states],
-        "UPDATE task SET is_paused = ?, is_pausable = ?, status_text = ?",
-    )
-
-
-def heartbeat(conn: sqlite3.Connection, running: Sequence[str | AttemptRef], now: float) -> int:
-    """Stamp `heartbeat_at` of running tasks whose executors are alive; how many were stamped."""
-    return _update_running(conn, [(task, now) for task in running], "UPDATE task SET heartbeat_at = ?")
-
-
-def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str | AttemptRef, int, str | None]]) -> int:
-    """Record progress (clamped to 0-100) of several running tasks in one transaction; returns
-    how many were running (others are left alone)."""
-    return _update_running(
-        conn, [(task, max(0, min(100, int(p))), text) for task, p, text in updates],
-        "UPDATE task SET progress = ?, status_text = COALESCE(?, status_text)",
-    )
-
-
-def not_current(conn: sqlite3.Connection, refs: Sequence[AttemptRef]) -> list[str]:
-    """The ids of those of `refs` whose task is no longer running at that attempt."""
-    if not refs:
-        return []
-    found = {row["id"]: row for row in conn.execute(
-        f"SELECT id, status, supervisor, attempt FROM task WHERE id IN ({', '.join('?' * len(refs))})",
-        [ref.task_id for ref in refs])}
-    return [ref.task_id for ref in refs
-            if (row := found.get(ref.task_id)) is None or row["status"] != TaskStatus.RUNNING.value
-            or (row["supervisor"] or "") != (ref.supervisor or "") or row["attempt"] != ref.attempt]
-
-
-# --- startup recovery (SPEC §9) -----------------------------------------------------------------
-
-
-def _rows(conn: sqlite3.Connection, where: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-    return conn.execute(
-        f"SELECT seq, id, status, workflow_run_id FROM task WHERE {where} ORDER BY seq{backend.for_update(conn)}", params
-    ).fetchall()
-
-
-def owned_by(supervisor: str | None, *, unnamed: bool = False) -> tuple[str, list[Any]]:
-    """The WHERE clause (and its parameters) that keeps the tasks claimed by `supervisor` (None:
-    by anyone, the one daemon of a SQLite file); `unnamed`: and those that name no supervisor,
-    claimed before supervisors were named (schema 10): a start's recovery takes them."""
-    if supervisor is None:
-        return "1 = 1", []
-    if unnamed:
-        return "(supervisor = ? OR supervisor IS NULL)", [supervisor]
-    return "supervisor = ?", [supervisor]
-
-
-def in_flight(
-    conn: sqlite3.Connection, *, supervisor: str | None = None, unnamed: bool = False, lock: bool = False
-) -> list[Task]:
-    """The `running` and `claimed` tasks of `supervisor` (`owned_by`), in submission order: what
-    a start's recovery, or a rescue, finds left in flight. `lock`: their rows locked until the
-    transaction ends, on PostgreSQL (a rescue's, which moves them next)."""
-    where, params = owned_by(supervisor, unnamed=unnamed)
-    locked = backend.for_update(conn) if lock else ""
-    return [Task.from_row(row) for row in conn.execute(
-        f"SELECT * FROM task WHERE status IN ({statuses.IN_FLIGHT}) AND {where} ORDER BY seq{locked}", params)]
-
-
-def fail_interrupted(
-    conn: sqlite3.Connection, *, now: float, supervisor: str | None = None, unnamed: bool = False
-) -> list[Task]:
-    """Every `running` task (of `supervisor`: `owned_by`) → failed (INTERRUPTED): its outcome is
-    unknown after a crash. So is that of a `claimed` task with a recorded executor process: it was
-    sent ahead (prefetch, SPEC §15) to a process that may have started it."""
-    where, params = owned_by(supervisor, unnamed=unnamed)
-    with write(conn):
-        failed = _transition(
-            conn,
-            _rows(conn, f"status = {statuses.RUNNING} AND {where}", params),
-            TaskStatus.FAILED,
-            now=now,
-            fields={"error": "interrupted: the supervisor stopped while the task ran", "error_type": models.INTERRUPTED},
-        )
-        return failed + _transition(
-            conn,
-            _rows(conn, f"status = {statuses.CLAIMED} AND executor_pid IS NOT NULL AND {where}", params),
-            TaskStatus.FAILED,
-            now=now,
-            fields={"error": "interrupted: the supervisor stopped while the task was sent ahead to its executor "
-                             "process, which may have started it", "error_type": models.INTERRUPTED},
-        )
-
-
-def requeue_claimed(
-    conn: sqlite3.Connection, *, now: float, supervisor: str | None = None, unnamed: bool = False
-) -> list[Task]:
-    """Every `claimed` task (of `supervisor`: `owned_by`) → pending: it never started, so it can
-    safely run again."""
-    where, params = owned_by(supervisor, unnamed=unnamed)
-    with write(conn):
-        return _transition(conn, _rows(conn, f"status = {statuses.CLAIMED} AND {where}", params), TaskStatus.PENDING,
-                           now=now)
-
-
-def fail_orphans(conn: sqlite3.Connection, *, now: float) -> list[Task]:
-    """Every active task whose workflow run does not exist → failed (ORPHANED)."""
-    with write(conn):
-        rows = _rows(
-            conn,
-            f"status IN ({statuses.ACTIVE}) AND NOT EXISTS (SELECT 1 FROM workflow_run WHERE workflow_run.id = task.workflow_run_id)",
-        )
-        return _transition(
-            conn,
-            rows,
-            TaskStatus.FAILED,
-            now=now,
-            fields={"error": "its workflow run does not exist", "error_type": models.ORPHANED},
-        )
-
-
-# The seqs of every task that depends on the task of seq `?`, directly or transitively.
-_BELOW = """
-    WITH RECURSIVE below(seq) AS (
-        SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?
-        UNION
-        SELECT d.task_seq FROM task_dependency AS d JOIN below ON d.depends_on_seq = below.seq
-    )
-"""
-
-
-def downstream(conn: sqlite3.Connection, task_id: str) -> list[Task]:
-    """Every task that depends on `task_id`, directly or transitively, in submission order."""
-    seq = _current(conn, task_id)["seq"]
-    rows = conn.execute(f"{_BELOW} SELECT task.* FROM task JOIN below USING (seq) ORDER BY seq", (seq,))
-    return [Task.from_row(row) for row in rows]
-
-
-def active_downstream(conn: sqlite3.Connection, task_id: str) -> int:
-    """How many tasks not yet ended depend on `task_id`, directly or transitively."""
-    seq = _current(conn, task_id)["seq"]
-    return conn.execute(
-        f"{_BELOW} SELECT count(*) FROM task JOIN below USING (seq) WHERE status IN ({statuses.ACTIVE})", (seq,)
-    ).fetchone()[0]
-
-
-def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
-    """How many tasks are in each status (every status present, zero included), and how many
-    of the pending ones are `held` (SPEC §14: they show as held)."""
-    counts = {status.value: 0 for status in TaskStatus}
-    for status, count in conn.execute("SELECT status, count(*) FROM task GROUP BY status"):
-        counts[status] = count
-    counts[models.DisplayStatus.HELD.value] = conn.execute(
-        f"SELECT count(*) FROM task WHERE status = {statuses.PENDING} AND is_held = 1"
-    ).fetchone()[0]
-    return counts

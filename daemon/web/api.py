@@ -39,6 +39,7 @@ STATUS: dict[type[errors.FredicaError], int] = {
     errors.UnknownTask: 404,
     errors.UnknownRun: 404,
     errors.UnknownRestartEntry: 404,
+    errors.LogElsewhere: 404,  # not on this host: the error names the one that has it
     errors.InvalidTransition: 409,
     errors.NotPausable: 409,
     errors.PermissionDenied: 403,

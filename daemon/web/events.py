@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 import structlog
 
 from daemon import faults
-from daemon.store import backend, db, live, tasks
+from daemon.store import backend, db, live, task_reads
 
 log = structlog.get_logger("fredica.http")
 INTERVAL = 0.2  # seconds between two looks at most: the page's lag behind the database
@@ -219,7 +219,7 @@ class TaskChanges:
             message["resync"] = True
         if now - self._counts_at >= COUNTS_INTERVAL:
             self._counts_at = now
-            counts = tasks.count_by_status(conn)
+            counts = task_reads.count_by_status(conn)
             if counts != self._counts:
                 self._counts = message["counts"] = counts
         return sse("tasks", message) if message else None

@@ -8,9 +8,9 @@ Then each identity counter (`task.seq`, the restart log's id) is set past the hi
 SQLite database ever handed out, so that new rows neither collide with copied ones nor reuse the
 seq of a task cleaned away.
 
-Both databases must be at this fredica-worker's schema version (the target is migrated first by
-the caller), so that their tables and columns are the same; a target that holds any row already
-is refused: merging two queues is not a copy.
+Both databases must be at this fredica-worker's schema version (the target is migrated in the
+copy's transaction), so that their tables and columns are the same; a target that holds any row
+already is refused: merging two queues is not a copy.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ import dataclasses
 import sqlite3
 from typing import TYPE_CHECKING, Any, Iterator
 
+import sqlite_utils
+
 from daemon.errors import CopyRefused
 from daemon.store import migrations as sqlite_migrations, statuses
+from daemon.store.postgres import migrations
 
 if TYPE_CHECKING:
     from daemon.store.postgres.connection import PostgresConnection
@@ -94,15 +97,18 @@ def refuse_unless_empty(target: "PostgresConnection", shown: str) -> None:
 
 
 def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target: str) -> Copied:
-    """Copy every table of `source` into the migrated, empty `target` in one transaction; what
-    was written. CopyRefused (nothing written) when the two schemas differ or the target is no
-    longer empty; a database error rolls everything back and propagates."""
+    """Migrate the empty `target` and copy every table of `source` into it, in one transaction;
+    what was written. CopyRefused (nothing written) when the two schemas differ or the target is
+    no longer empty; a database error rolls everything back, the migration too, and propagates."""
     source.execute("BEGIN")  # one snapshot of the source, whatever else reads it meanwhile
     try:
-        tables = _tables_to_copy(source, target)
         counters = _highest_handed_out(source)
         target.execute("BEGIN")
         try:
+            # PostgreSQL's DDL is transactional: a copy that fails leaves no empty tables behind,
+            # and a daemon starting on the target meanwhile waits for the migration's lock.
+            migrations.migrate_in_transaction(target)
+            tables = _tables_to_copy(source, target)
             # Writers elsewhere (a daemon already started on the target) wait for the commit,
             # and the emptiness found under the lock holds until then.
             target.execute(f"LOCK TABLE {', '.join(_quoted(t) for t, _ in tables)} IN EXCLUSIVE MODE")
@@ -116,6 +122,9 @@ def copy(source: sqlite3.Connection, target: "PostgresConnection", shown_target:
                 cursor.execute(f"SELECT {', '.join(selected)} FROM {_quoted(table)}")
                 rows[table] = target.copy_rows(table, columns, _storable(cursor, replaced))
             _advance_identities(target, [t for t, _ in tables], counters)
+            # Statistics now, not at autovacuum's next round: until then the planner takes the
+            # tables for empty, and picks plans for a handful of rows (a claim, an export's pages).
+            target.execute(f"ANALYZE {', '.join(_quoted(t) for t, _ in tables)}")
             target.execute("COMMIT")
         except BaseException:
             # A connection that broke has nothing to roll back, and its error is the one to report.
@@ -164,11 +173,10 @@ def _target_tables(target: "PostgresConnection") -> list[str]:
 def _tables_to_copy(source: sqlite3.Connection, target: "PostgresConnection") -> list[tuple[str, list[str]]]:
     """Each table with its columns, a referenced table before those that reference it;
     CopyRefused when the source has a table or a column the target lacks."""
-    names = [
-        row[0] for row in source.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
-        )
-    ]
+    # The source is read as any SQLite file is, whatever its version wrote: sqlite-utils'
+    # introspection (its tables, each one's columns in order), not PRAGMAs spelled out here.
+    schema = sqlite_utils.Database(source)
+    names = [name for name in schema.table_names() if not name.startswith("sqlite_")]
     in_target = set(_target_tables(target))
     tables: dict[str, list[str]] = {}
     for name in names:
@@ -176,7 +184,7 @@ def _tables_to_copy(source: sqlite3.Connection, target: "PostgresConnection") ->
             continue
         if name not in in_target:
             raise CopyRefused(f"the SQLite database has a table {name} that the PostgreSQL database lacks")
-        columns = [row[1] for row in source.execute(f"PRAGMA table_info({_quoted(name)})")]
+        columns = [column.name for column in schema[name].columns]
         target_columns = {
             row[0] for row in target.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ?",

@@ -195,9 +195,11 @@ SUPERVISORS = Migration(
     ),
 )
 
+PAUSE_WANTED = sqlite_migrations.PAUSE_WANTED  # one column, read alike in both
+
 MIGRATIONS: tuple[Migration, ...] = (
     SEED_TABLES, SCHEDULING, DELAYED_RETRIES, BOOT_TIMES, PAYLOAD_REFS, RESTART_LOG_KEPT, QUEUES, CLEANING,
-    HELD_TASKS, SUPERVISORS,
+    HELD_TASKS, SUPERVISORS, PAUSE_WANTED,
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -212,12 +214,7 @@ def current_version(conn: "PostgresConnection") -> int:
 
 def migrate(conn: "PostgresConnection", target: int = LATEST) -> int:
     """Apply every migration above the database's version up to `target`; return the new version."""
-    version = current_version(conn)
-    if version > LATEST:
-        raise MigrationError(
-            f"the database has schema version {version}, newer than this fredica-worker "
-            f"understands ({LATEST}): upgrade fredica-worker"
-        )
+    version = _understood_version(conn)
     for migration in MIGRATIONS:
         if version < migration.version <= target:
             _apply(conn, migration)
@@ -225,21 +222,55 @@ def migrate(conn: "PostgresConnection", target: int = LATEST) -> int:
     return version
 
 
+def migrate_in_transaction(conn: "PostgresConnection") -> int:
+    """Apply every migration above the database's version in the caller's open transaction, which
+    commits or rolls back the whole schema with what else it writes (`fredica db copy`: a copy
+    that fails leaves the target as it was, unmigrated); the new version. A database error
+    propagates, for the caller to roll back."""
+    _lock(conn)
+    version = _understood_version(conn)
+    for migration in MIGRATIONS:
+        if version < migration.version:
+            _statements(conn, migration)
+            version = migration.version
+    return version
+
+
+def _understood_version(conn: "PostgresConnection") -> int:
+    """The database's schema version; MigrationError when it is newer than this code knows."""
+    version = current_version(conn)
+    if version > LATEST:
+        raise MigrationError(
+            f"the database has schema version {version}, newer than this fredica-worker "
+            f"understands ({LATEST}): upgrade fredica-worker"
+        )
+    return version
+
+
 def _apply(conn: "PostgresConnection", migration: Migration) -> None:
     conn.execute("BEGIN")
     try:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        _lock(conn)
         # Re-read under the lock: another supervisor may have migrated while we waited for it.
-        version = current_version(conn)
-        if version >= migration.version:
+        if current_version(conn) >= migration.version:
             conn.execute("ROLLBACK")
             return
-        for statement in migration.statements:
-            conn.execute(statement)
-        conn.execute("DELETE FROM schema_version")
-        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
+        _statements(conn, migration)
     except sqlite3.Error as exc:
         conn.execute("ROLLBACK")
         raise MigrationError(f"migration {migration.version} ({migration.name}) failed: {exc}") from exc
     conn.execute("COMMIT")
+
+
+def _lock(conn: "PostgresConnection") -> None:
+    """Until the transaction ends, no other supervisor (nor a copy) migrates this database."""
+    conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+
+
+def _statements(conn: "PostgresConnection", migration: Migration) -> None:
+    """One migration's statements and the bump of `schema_version`, in the open transaction."""
+    for statement in migration.statements:
+        conn.execute(statement)
+    conn.execute("DELETE FROM schema_version")
+    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
