@@ -395,6 +395,29 @@ def test_no_token_yet_is_one_line() -> None:
         assert result.output.startswith("error: no HTTP token in ")
 
 
+def test_two_daemons_making_the_token_file_at_once_end_with_the_same_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other daemon's whole start falls between this one's look and its write: each must end
+    # with the token that is in the file, and never read it before a token is in it.
+    from daemon.web import auth
+
+    path = tmp_path / "state" / "http-token"
+    made = iter(["mine", "theirs"])
+    others: list[str] = []
+
+    def token_urlsafe(_: int) -> str:
+        token = next(made)
+        if token == "mine":
+            others.append(auth.load_or_create_token(path))  # the other daemon, meanwhile
+        return token
+
+    monkeypatch.setattr(auth.secrets, "token_urlsafe", token_urlsafe)
+    assert auth.load_or_create_token(path) == others[0] == "theirs" == path.read_text().strip()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["http-token"]  # no file of a token left behind
+
+
 def test_a_port_in_use_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
     d = HttpDaemon(tmp_path / "d")
     import socket

@@ -13,11 +13,13 @@ another site open in the same browser can neither read nor drive the API.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -38,19 +40,32 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def load_or_create_token(path: Path) -> str:
     """The token kept in `path`, created there (0600, from `secrets`) if there is none yet;
-    CannotStart naming the file if it cannot be read or written."""
+    CannotStart naming the file if it cannot be read or written.
+
+    Made whole in a file of its own, then linked to `path`: two daemons starting at once on one
+    host (sharing the default file) both end with the one token that got there first, and neither
+    reads the file before its token is in it."""
+    if path.exists():
+        return read_token(path)
     try:
         # Beside a SQLite database its directory exists; a PostgreSQL queue's default is the
         # state directory, which nothing else may have made on this host.
         paths.private_dir(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_token(path)
+        fd, made = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
     except OSError as exc:
         raise CannotStart(f"cannot create the HTTP token file {path}: {exc.strerror}") from None
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
+    try:
+        token = secrets.token_urlsafe(32)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token + "\n")
+        os.link(made, path)
+    except FileExistsError:
+        return read_token(path)  # another daemon's, made meanwhile
+    except OSError as exc:
+        raise CannotStart(f"cannot create the HTTP token file {path}: {exc.strerror}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(made)
     log.info("http_token_created", path=str(path))
     return token
 
