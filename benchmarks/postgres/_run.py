@@ -17,7 +17,8 @@ synchronous_commit = on unless --fsync-off), stated in the output:
                              `daemon.client.Client` (benchmarks/peers/fredica_daemon.py);
             fredica-2 (×2)   two such daemons of different names on one database (2 workers
                              each: 4), the submit calls alternating between their clients;
-            fredica-async(-2) the same with `async def` executors in 2 event-loop processes;
+            fredica-reuse    fredica with tasks_per_process = 1000000 (no process per task);
+            fredica-async(-2) fredica (×1, ×2) with `async def` executors in 2 event-loop processes;
             procrastinate    its own worker (`procrastinate worker --concurrency 2`, `async def`
                              tasks) and its own `defer` (benchmarks/postgres/procrastinate_peer.py;
                              W3: each job defers the next, procrastinate having no dependencies).
@@ -50,11 +51,12 @@ from benchmarks.postgres import procrastinate_peer, rescue, server
 SYSTEMS = {  # column titles: the systems are described in the docstring above
     "fredica": "fredica ×1",
     "fredica-2": "fredica ×2",
+    "fredica-reuse": "fredica reuse ×1",
     "fredica-async": "fredica async ×1",
     "fredica-async-2": "fredica async ×2",
     "procrastinate": "procrastinate",
 }
-DEFAULT_SYSTEMS = "fredica,fredica-2,procrastinate"
+DEFAULT_SYSTEMS = ",".join(SYSTEMS)
 PARTS = ("peers", "rescue", "claim")
 log = peers.log
 
@@ -66,6 +68,7 @@ def systems(pg: server.Server) -> dict[str, Any]:
     return {
         "fredica": FredicaDaemon(database=database("fredica")),
         "fredica-2": FredicaDaemon(database=database("fredica2"), supervisors=2),
+        "fredica-reuse": FredicaDaemon(1_000_000, database=database("fredica_reuse")),
         "fredica-async": FredicaDaemon(event_loop=True, database=database("fredica_async")),
         "fredica-async-2": FredicaDaemon(event_loop=True, database=database("fredica_async2"), supervisors=2),
         "procrastinate": procrastinate_peer.Procrastinate(database("procrastinate")),
@@ -103,7 +106,7 @@ def targets(raw: dict[tuple[str, str], list[float]], rescued: dict[str, float] |
             lines.append(f"- {text}: **{'met' if met else 'not met'}**")
 
     w1 = {name: med.get(("W1", name)) for name in SYSTEMS}
-    for one in ("fredica", "fredica-async"):
+    for one in ("fredica", "fredica-reuse", "fredica-async"):
         if w1[one] and w1["procrastinate"]:
             ratio = w1[one] / w1["procrastinate"]
             target(f"W1, one supervisor >= 1.0x procrastinate ({one}): {ratio:.2f}x ({w1[one]:.0f} vs "
@@ -113,7 +116,7 @@ def targets(raw: dict[tuple[str, str], list[float]], rescued: dict[str, float] |
             ratio = w1[two] / w1[one]
             target(f"W1, 2 supervisors >= 1.6x one ({one}): {ratio:.2f}x ({w1[two]:.0f} vs {w1[one]:.0f} tasks/s)",
                    ratio, ratio >= 1.6)
-    for name in ("fredica", "fredica-2", "fredica-async", "fredica-async-2"):
+    for name in (n for n in SYSTEMS if n.startswith("fredica")):
         p50, link = med.get(("W2 p50", name)), med.get(("W3", name))
         if p50 is not None:
             target(f"W2 p50 <= 2 ms ({name}): {p50:.2f} ms", p50, p50 <= 2.0)
