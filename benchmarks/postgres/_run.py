@@ -202,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         sections.append("\n".join([
             f"Rescue of a dead supervisor's {args.rescue_tasks:,} running tasks (median of {args.reps}):",
             "",
-            f"- the rescue transaction (`supervisors.rescue`, store functions): {transaction['wall'] * 1000:.0f} ms "
-            f"wall, {transaction['cpu'] * 1000:.0f} ms CPU of the rescuing process",
-            f"- by a live daemon after a kill -9 (heartbeat_interval {args.heartbeat:g} s, lease_timeout "
-            f"{args.lease_timeout:g} s): all handled {ends['after_expiry'] * 1000:.0f} ms after the lease expired "
-            f"({ends['after_kill']:.2f} s after the kill)",
+            (f"- the rescue transaction (`supervisors.rescue`, store functions): {transaction['wall'] * 1000:.0f} ms "
+             f"wall, {transaction['cpu'] * 1000:.0f} ms CPU of the rescuing process"),
+            (f"- by a live daemon after a kill -9 (heartbeat_interval {args.heartbeat:g} s, lease_timeout "
+             f"{args.lease_timeout:g} s): all handled {ends['after_expiry'] * 1000:.0f} ms after the lease expired "
+             f"({ends['after_kill']:.2f} s after the kill)"),
             "",
             "cProfile (time.thread_time) of one more rescue transaction, by own time:",
             "",

@@ -26,6 +26,7 @@ import procrastinate
 from benchmarks.peers._run import PYTHON, Marker, own_processes, peer_env, start
 from benchmarks.postgres import procrastinate_app
 
+
 class Procrastinate:
     """One benchmark system: a procrastinate worker with 2 concurrent jobs on its own database."""
 
