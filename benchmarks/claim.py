@@ -3,10 +3,14 @@
 
     python3 benchmarks/claim.py                  # 100, 10,000 and 100,000 waiting tasks
     python3 benchmarks/claim.py --cycles 500 --sizes 100,10000
+    python3 benchmarks/claim.py --database 'postgresql:///postgres?host=/tmp/pg&user=postgres'
 
 What it measures: `tasks.claim_ready` + `tasks.start` + `tasks.complete` of one ready task (each its
 own transaction, exactly as the supervisor calls them), N = --cycles times in a row, at the default
 durability (`db.open_database` defaults: WAL, synchronous=NORMAL) on a file in a temp directory.
+With `--database URL` (a PostgreSQL server; the URL's database is only used to create and drop
+the benchmark's own ones), on PostgreSQL instead, at that server's durability settings:
+benchmarks/postgres/run.py runs it on its own server.
 
 Database layout (the "blocked mass" is the size column; the ready pool is the same for every size):
 - 4 gate tasks, claimed and started and never finished: the long-running tasks of a busy daemon.
@@ -26,11 +30,12 @@ Shapes of the blocked mass:
 In the few-runs shapes the ready pool is spread over the same runs as the waiting mass, so every
 completion refreshes a run that holds thousands of waiting tasks.
 
-Also printed: `EXPLAIN QUERY PLAN` of every statement `claim_ready` runs (traced from the store, so
-it shows whatever the store does today) and the number of SQL statements in one cycle.
+Also printed, on SQLite: `EXPLAIN QUERY PLAN` of every statement `claim_ready` runs (traced from
+the store, so it shows whatever the store does today) and the number of SQL statements in one cycle.
 
 The DB is built once per (shape, size) with `tasks.submit` (one transaction per batch of a few
-thousand tasks), then each repetition runs on a fresh copy of that file. Reported: µs per cycle
+thousand tasks), then each repetition runs on a fresh copy of that file (on PostgreSQL, a
+database created from it as a template). Reported: µs per cycle
 (wall clock and this process's CPU time), the median of --reps repetitions, and the ratio of the
 largest size to the smallest. Target: ratio <= 2, i.e. the claim never scans waiting tasks.
 """
@@ -49,14 +54,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from daemon.models import TaskStatus  # noqa: E402
-from daemon.store import db, tasks  # noqa: E402
+from daemon.store import backend, db, tasks  # noqa: E402
 from daemon.submission import TaskSpec  # noqa: E402
 
 GATES = 4
@@ -156,16 +162,17 @@ SHAPES: dict[str, Callable[[sqlite3.Connection, int, int, random.Random], None]]
 }
 
 
-def build(path: Path, shape: str, size: int, ready: int) -> float:
+def build(target: str, shape: str, size: int, ready: int) -> float:
     started = time.perf_counter()
-    conn = db.open_database(path)
+    conn = db.open_database(target)
     SHAPES[shape](conn, size, ready, random.Random(size))
     counts = dict(conn.execute("SELECT status, count(*) FROM task GROUP BY status").fetchall())
     blocked = conn.execute("SELECT count(*) FROM task WHERE status = 'pending' AND unmet_deps > 0").fetchone()[0]
     if shape not in ("delayed/few-runs", "other-queue/few-runs"):
         assert blocked == size, (shape, size, blocked, counts)
     assert counts.get("running") == GATES and counts.get("pending") == size + ready, (shape, counts)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if backend.of(conn) == backend.SQLITE:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     return time.perf_counter() - started
 
@@ -173,9 +180,9 @@ def build(path: Path, shape: str, size: int, ready: int) -> float:
 # --- measuring -------------------------------------------------------------------------------
 
 
-def cycles(path: Path, count: int) -> dict[str, float]:
-    """Run `count` claim+start+complete cycles on the DB at `path`; µs per cycle and per phase."""
-    conn = db.open_database(path)
+def cycles(target: str, count: int) -> dict[str, float]:
+    """Run `count` claim+start+complete cycles on the DB at `target`; µs per cycle and per phase."""
+    conn = db.open_database(target)
     now = NOW + 1
     phase = {"claim": 0, "start": 0, "complete": 0}
     cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
@@ -198,10 +205,10 @@ def cycles(path: Path, count: int) -> dict[str, float]:
     return result
 
 
-def statements_of_one_cycle(path: Path) -> tuple[list[tuple[str, list[str]]], int]:
+def statements_of_one_cycle(target: str) -> tuple[list[tuple[str, list[str]]], int]:
     """EXPLAIN QUERY PLAN of every statement `claim_ready` runs (traced, so whatever the store
-    does today), and how many statements one whole cycle takes; on a copy of the DB."""
-    conn = db.open_database(path)
+    does today), and how many statements one whole cycle takes; on a copy of the (SQLite) DB."""
+    conn = db.open_database(target)
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
     task = tasks.claim_ready(conn, NOW + 1, 1)[0]
@@ -219,81 +226,175 @@ def statements_of_one_cycle(path: Path) -> tuple[list[tuple[str, list[str]]], in
     return plans, len(traced)
 
 
+# --- where the databases live ---------------------------------------------------------------
+
+
+class SqliteFiles:
+    """The databases as files in a temp directory; a copy is a file copy."""
+
+    backend = backend.SQLITE
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def describe(self) -> str:
+        return f"sqlite {sqlite3.sqlite_version}, durability: db.open_database defaults (WAL, synchronous=NORMAL)"
+
+    def new(self, label: str) -> str:
+        return str(self.root / f"{label}.db")
+
+    def copy(self, template: str, label: str) -> str:
+        copy = self.new(label)
+        shutil.copyfile(template, copy)
+        return copy
+
+    def remove(self, target: str) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(target + suffix).unlink(missing_ok=True)
+
+
+class PostgresDatabases:
+    """The databases on the PostgreSQL server of `url`, created and dropped through it; a copy is
+    a database created from the built one as its template."""
+
+    backend = backend.POSTGRESQL
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _admin(self, statement: str) -> list[Any]:
+        """Run `statement` outside a transaction (CREATE/DROP DATABASE refuse to run in one)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    def describe(self) -> str:
+        version, fsync, commit = (self._admin(f"SHOW {name}")[0][0]
+                                  for name in ("server_version", "fsync", "synchronous_commit"))
+        return f"PostgreSQL {version}, durability: fsync = {fsync}, synchronous_commit = {commit}"
+
+    def _named(self, name: str) -> str:
+        """The server's URL with `name` as its database (kept a URL: urlunsplit would drop the
+        empty authority of `postgresql:///db?host=...`)."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")
+
+    @staticmethod
+    def _name(label: str) -> str:
+        return "claim_" + "".join(c if c.isalnum() else "_" for c in label.lower())[:50]
+
+    def new(self, label: str) -> str:
+        self._admin(f"CREATE DATABASE {self._name(label)} TEMPLATE template0")
+        return self._named(self._name(label))
+
+    def copy(self, template: str, label: str) -> str:
+        source = urlsplit(template).path.lstrip("/")
+        # FILE_COPY: copying the built database's files beats WAL-logging every page of them.
+        self._admin(f"CREATE DATABASE {self._name(label)} TEMPLATE {source} STRATEGY FILE_COPY")
+        return self._named(self._name(label))
+
+    def remove(self, target: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {urlsplit(target).path.lstrip('/')} WITH (FORCE)")
+
+
+# --- running and reporting -------------------------------------------------------------------
+
+Results = dict[tuple[str, int], dict[str, float]]
+
+
+def measure(
+    store: SqliteFiles | PostgresDatabases, shapes: list[str], sizes: list[int], count: int, reps: int
+) -> tuple[Results, list[tuple[str, list[str]]], int | None]:
+    """µs per cycle (medians of `reps`) for each (shape, size); on SQLite, the claim's plans and
+    the statements of one cycle as well (None on PostgreSQL)."""
+    results: Results = {}
+    plans: list[tuple[str, list[str]]] = []
+    statements: int | None = None
+    for shape in shapes:
+        for size in sizes:
+            template = store.new(f"template-{shape}-{size}")
+            seconds = build(template, shape, size, count)
+            rep_results = []
+            for rep in range(reps):
+                copy = store.copy(template, f"rep{rep}")
+                rep_results.append(cycles(copy, count))
+                store.remove(copy)
+            results[shape, size] = {k: statistics.median(r[k] for r in rep_results) for k in rep_results[0]}
+            print(f"  {shape:17} {size:>7}: built in {seconds:5.1f} s, "
+                  f"{results[shape, size]['wall']:7.1f} µs/cycle wall "
+                  f"(all reps: {', '.join('%.0f' % r['wall'] for r in rep_results)})", flush=True)
+            if store.backend == backend.SQLITE and shape == shapes[0] and size == sizes[-1]:
+                copy = store.copy(template, "plan")
+                plans, statements = statements_of_one_cycle(copy)
+                store.remove(copy)
+            store.remove(template)
+    return results, plans, statements
+
+
+def report(
+    results: Results, shapes: list[str], sizes: list[int], reps: int,
+    plans: list[tuple[str, list[str]]], statements: int | None,
+) -> str:
+    """The tables of `measure`'s results, as markdown."""
+    lines = [f"### µs per claim+start+complete cycle (median of {reps}; wall clock, CPU of this process)", ""]
+    head = " | ".join(f"{s:,} waiting" for s in sizes)
+    lines.append(f"| shape | {head} | ratio {sizes[-1]:,} / {sizes[0]:,} (wall) | ratio (CPU) |")
+    lines.append("|---" * (len(sizes) + 3) + "|")
+    for shape in shapes:
+        cells = " | ".join(
+            f"{results[shape, s]['wall']:.0f} (CPU {results[shape, s]['cpu']:.0f})" for s in sizes
+        )
+        lo, hi = results[shape, sizes[0]], results[shape, sizes[-1]]
+        lines.append(f"| {shape} | {cells} | {hi['wall'] / lo['wall']:.2f} | {hi['cpu'] / lo['cpu']:.2f} |")
+    lines += ["", "### µs per phase (wall, median of reps): claim / start / complete", ""]
+    lines.append(f"| shape | {' | '.join(f'{s:,} waiting' for s in sizes)} |")
+    lines.append("|---" * (len(sizes) + 1) + "|")
+    for shape in shapes:
+        cells = " | ".join(
+            f"{results[shape, s]['claim']:.0f} / {results[shape, s]['start']:.0f} / {results[shape, s]['complete']:.0f}"
+            for s in sizes
+        )
+        lines.append(f"| {shape} | {cells} |")
+    if statements is not None:
+        lines += ["", f"### EXPLAIN QUERY PLAN of each statement of `claim_ready` ({shapes[0]}, {sizes[-1]:,} waiting)",
+                  "", "```"]
+        for sql, plan in plans:
+            lines.append(sql)
+            lines += [f"    {line}" for line in plan]
+        lines += ["```", "", f"SQL statements in one cycle: {statements} (BEGIN/COMMIT included)"]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="100,10000,100000")
     parser.add_argument("--cycles", type=int, default=2_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--database", metavar="URL", help="a PostgreSQL server (postgresql://...) to measure on "
+                        "instead of SQLite files; its databases claim_* are created and dropped there")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     shapes = args.shapes.split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
+    if args.database and not backend.is_postgres(args.database):
+        parser.error(f"--database takes a postgresql:// URL, not {args.database!r}")
 
-    print(f"# claim + start + complete, {args.cycles} cycles, median of {args.reps}")
-    print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
-    print(f"machine: {platform.uname().system} {platform.uname().release} {platform.machine()}, "
-          f"nproc {os.cpu_count()}, load {os.getloadavg()[0]:.2f}")
-    print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, "
-          f"durability: db.open_database defaults (WAL, synchronous=NORMAL)")
-    print()
-
-    results: dict[tuple[str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="fredica-claim-bench-") as tmp:
-        for shape in shapes:
-            for size in sizes:
-                template = Path(tmp) / f"template-{shape.replace('/', '-')}-{size}.db"
-                seconds = build(template, shape, size, args.cycles)
-                reps = []
-                for rep in range(args.reps):
-                    copy = Path(tmp) / f"rep{rep}.db"
-                    shutil.copyfile(template, copy)
-                    reps.append(cycles(copy, args.cycles))
-                    copy.unlink()
-                    for suffix in ("-wal", "-shm"):
-                        Path(str(copy) + suffix).unlink(missing_ok=True)
-                results[shape, size] = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
-                print(f"  {shape:17} {size:>7}: built in {seconds:5.1f} s, "
-                      f"{results[shape, size]['wall']:7.1f} µs/cycle wall "
-                      f"(all reps: {', '.join('%.0f' % r['wall'] for r in reps)})", flush=True)
-                if shape == shapes[0] and size == sizes[-1]:
-                    copy = Path(tmp) / "plan.db"
-                    shutil.copyfile(template, copy)
-                    plans, statements = statements_of_one_cycle(copy)
-                template.unlink()
-
+        store = PostgresDatabases(args.database) if args.database else SqliteFiles(Path(tmp))
+        print(f"# claim + start + complete, {args.cycles} cycles, median of {args.reps}")
+        print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+        print(f"machine: {platform.uname().system} {platform.uname().release} {platform.machine()}, "
+              f"nproc {os.cpu_count()}, load {os.getloadavg()[0]:.2f}")
+        print(f"python {platform.python_version()}, {store.describe()}")
+        print()
+        results, plans, statements = measure(store, shapes, sizes, args.cycles, args.reps)
     print()
-    print(f"### µs per claim+start+complete cycle (median of {args.reps}; wall clock, CPU of this process)")
-    print()
-    head = " | ".join(f"{s:,} waiting" for s in sizes)
-    print(f"| shape | {head} | ratio {sizes[-1]:,} / {sizes[0]:,} (wall) | ratio (CPU) |")
-    print("|---" * (len(sizes) + 3) + "|")
-    for shape in shapes:
-        cells = " | ".join(
-            f"{results[shape, s]['wall']:.0f} (CPU {results[shape, s]['cpu']:.0f})" for s in sizes
-        )
-        lo, hi = results[shape, sizes[0]], results[shape, sizes[-1]]
-        print(f"| {shape} | {cells} | {hi['wall'] / lo['wall']:.2f} | {hi['cpu'] / lo['cpu']:.2f} |")
-    print()
-    print("### µs per phase (wall, median of reps): claim / start / complete")
-    print()
-    print(f"| shape | {' | '.join(f'{s:,} waiting' for s in sizes)} |")
-    print("|---" * (len(sizes) + 1) + "|")
-    for shape in shapes:
-        cells = " | ".join(
-            f"{results[shape, s]['claim']:.0f} / {results[shape, s]['start']:.0f} / {results[shape, s]['complete']:.0f}"
-            for s in sizes
-        )
-        print(f"| {shape} | {cells} |")
-    print()
-    print(f"### EXPLAIN QUERY PLAN of each statement of `claim_ready` ({shapes[0]}, {sizes[-1]:,} waiting)")
-    print()
-    print("```")
-    for sql, plan in plans:
-        print(sql)
-        print("\n".join(f"    {line}" for line in plan))
-    print("```")
-    print()
-    print(f"SQL statements in one cycle: {statements} (BEGIN/COMMIT included)")
+    print(report(results, shapes, sizes, args.reps, plans, statements))
 
 
 if __name__ == "__main__":

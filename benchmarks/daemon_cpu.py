@@ -66,7 +66,7 @@ def main() -> None:
     system = FredicaDaemon(1_000_000, event_loop=args.kind == "async", workers=64 if args.kind == "async" else 2)
     me = psutil.Process()
     with system.instance() as instance:
-        daemon = psutil.Process(instance.process.pid)
+        daemon = psutil.Process(instance.processes[0].pid)
         client = instance.client
         before, mine_before, t0 = _tree_cpu(daemon), _cpu(me), time.perf_counter()
         if args.workload == "S":

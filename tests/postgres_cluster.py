@@ -61,9 +61,12 @@ def unavailable(reason: str) -> None:
 class Cluster:
     """A running cluster owned by this process; `url(name)` names one of its databases."""
 
-    def __init__(self, bin_dir: Path, root: Path) -> None:
+    def __init__(self, bin_dir: Path, root: Path, settings: dict[str, str] | None = None) -> None:
+        """`settings`: the server's (`-c key=value`), SETTINGS unless told; benchmarks/postgres
+        starts one with real durability."""
         self.bin_dir = bin_dir
         self.root = root
+        self.settings = SETTINGS if settings is None else settings
         self.data = root / "data"
         self.socket_dir = root
         self._as_server_user: list[str] = []
@@ -86,7 +89,7 @@ class Cluster:
         self.start_server()
 
     def _options(self) -> str:
-        options = " ".join(f"-c {key}={value}" for key, value in SETTINGS.items())
+        options = " ".join(f"-c {key}={value}" for key, value in self.settings.items())
         return options + f" -c unix_socket_directories='{self.socket_dir}'"
 
     def start_server(self) -> None:

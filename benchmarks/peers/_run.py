@@ -196,6 +196,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# --- marker files ---------------------------------------------------------------------------------
+
+
+class Marker:
+    """The file a peer's tasks append to at their end (peer_tasks.noop_marked, stamp_marked), for
+    the peers that record nothing the client could wait on (Huey, procrastinate): the client
+    watches its size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def size(self) -> int:
+        return os.stat(self.path).st_size
+
+    def wait_size(self, size: int, worker: subprocess.Popen[bytes], *, timeout: float, interval: float) -> None:
+        """Until the file holds `size` bytes; RuntimeError if the `worker` process exits first."""
+
+        def done() -> bool:
+            if worker.poll() is not None:
+                raise RuntimeError(f"{worker.args[:4]} exited with {worker.returncode}")
+            return self.size() >= size
+
+        wait_until(done, timeout=timeout, interval=interval)
+
+    def stamp_after(self, base: int) -> float:
+        """The start time the first stamping task to end after the file held `base` bytes wrote."""
+        wait_until(lambda: self.size() > base and self.path.read_bytes().endswith(b"\n"), 60.0, 0.001)
+        return float(self.path.read_bytes()[base:])
+
+
 # --- Huey -----------------------------------------------------------------------------------------
 
 
@@ -209,11 +240,10 @@ class Huey:
 
         with tempfile.TemporaryDirectory(prefix="peers-huey-") as tmp, own_processes("huey"):
             root = Path(tmp)
-            self.marker = root / "marker"
-            self.marker.touch()
+            self.marker = Marker(root / "marker")
             db = str(root / "huey.db")
             self.peer = huey_app.make_huey(db, self.sync)
-            env = peer_env(PEER_HUEY_DB=db, PEER_HUEY_SYNC=self.sync, PEER_MARKER=str(self.marker))
+            env = peer_env(PEER_HUEY_DB=db, PEER_HUEY_SYNC=self.sync, PEER_MARKER=str(self.marker.path))
             cmd = [PYTHON, "-m", "huey.bin.huey_consumer", "benchmarks.peers.huey_app.huey", "-k", "process", "-w", "2"]
             self.consumer = start([*cmd, *HUEY_POLLING, "-q"], env=env, log_path=root / "consumer.log")
             try:
@@ -231,15 +261,10 @@ class Huey:
                 self.peer.app.storage.close()
 
     def _size(self) -> int:
-        return os.stat(self.marker).st_size
+        return self.marker.size()
 
     def _wait_size(self, size: int, *, timeout: float, interval: float) -> None:
-        def done() -> bool:
-            if self.consumer.poll() is not None:
-                raise RuntimeError(f"huey_consumer exited with {self.consumer.returncode}")
-            return self._size() >= size
-
-        wait_until(done, timeout=timeout, interval=interval)
+        self.marker.wait_size(size, self.consumer, timeout=timeout, interval=interval)
 
     def w1(self, n: int) -> float:
         noop = self.peer.noop_marked
@@ -261,9 +286,7 @@ class Huey:
             base = self._size()
             submitted = time.time()
             stamp()
-            wait_until(lambda base=base: self._size() > base and self.marker.read_bytes().endswith(b"\n"), 60.0, 0.001)
-            started = float(self.marker.read_bytes()[base:])
-            latencies.append((started - submitted) * 1000)
+            latencies.append((self.marker.stamp_after(base) - submitted) * 1000)
         return latencies
 
     def submit_latency(self, n: int) -> tuple[list[float], float]:
@@ -581,7 +604,9 @@ def fredica_cpu(n: int) -> list[tuple[str, float]]:
 # --- environment ----------------------------------------------------------------------------------
 
 
-def environment() -> dict[str, str]:
+def environment(packages: tuple[str, ...] = ("huey", "rq", "redis"), commands: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """The run's machine, commit and load, and the versions of `packages` and of `commands`' output
+    (by default the peers': Huey, RQ, redis-py, redis-server, task-spooler)."""
     import importlib.metadata
 
     def version(package: str) -> str:
@@ -590,40 +615,50 @@ def environment() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    def run(cmd: list[str]) -> str:
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-            return (out.stdout or out.stderr).strip().splitlines()[0]
-        except Exception as exc:  # noqa: BLE001
-            return f"? ({exc})"
-
     cpu = "?"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    commit = run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"])
+    commit = first_line(["git", "-C", REPO, "rev-parse", "--short", "HEAD"])
     status = subprocess.run(
         ["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
         capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
     changed = " ".join(line[3:] for line in status.stdout.splitlines())
+    if commands is None:
+        commands = {"redis-server": ["redis-server", "--version"], "tsp": [TSP, "-V"]}
     return {
         "commit": f"{commit}" + (f" (uncommitted changes in: {changed})" if changed else ""),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": run(["uname", "-srm"]),
+        "machine": first_line(["uname", "-srm"]),
         "nproc": str(os.cpu_count()),
         "cpu": cpu,
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
-        "huey": version("huey"),
-        "rq": version("rq"),
-        "redis-py": version("redis"),
-        "redis-server": run(["redis-server", "--version"]),
-        "tsp": run([TSP, "-V"]),
+        **{package: version(package) for package in packages},
+        **{name: first_line(command) for name, command in commands.items()},
     }
+
+
+def first_line(cmd: list[str]) -> str:
+    """The first line a command prints (stdout, else stderr), or why it could not run."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except Exception as exc:  # noqa: BLE001
+        return f"? ({exc})"
+
+
+def end_leftovers() -> None:
+    """End, by pid, every descendant still running but the multiprocessing helpers (they exit
+    with this process)."""
+    leftovers = {pid: p for pid, p in descendants().items() if not _multiprocessing_helper(p)}
+    if leftovers:
+        log(f"ending {len(leftovers)} leftover processes by pid: {sorted(leftovers)}")
+        end_processes(leftovers)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -693,49 +728,11 @@ def main(argv: list[str] | None = None) -> int:
                 "tsp-true": TaskSpooler(python=False),
                 "tsp-python": TaskSpooler(python=True),
             }
-            raw: dict[tuple[str, str], list[float]] = {}  # (metric, system) -> per-rep values
-            for workload in workloads:
-                for rep in range(args.reps):
-                    order = names[rep % len(names):] + names[: rep % len(names)]
-                    for name in order:
-                        needs = {"W1b": "w1_batch", "S": "submit_latency"}.get(workload)
-                        if needs and not hasattr(systems[name], needs):
-                            continue  # fredica's batch row; the submit latency of those that have it
-                        with systems[name].instance() as inst:
-                            if workload == "W1b":
-                                seconds = inst.w1_batch(args.tasks)
-                                raw.setdefault(("W1 batch", name), []).append(args.tasks / seconds)
-                                log(f"  W1b rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
-                            elif workload == "S":
-                                lat, rate = inst.submit_latency(args.submits)
-                                p50, p95 = percentile(lat, 50), percentile(lat, 95)
-                                raw.setdefault(("S p50", name), []).append(p50)
-                                raw.setdefault(("S p95", name), []).append(p95)
-                                raw.setdefault(("S calls/s", name), []).append(rate)
-                                log(f"  S rep {rep + 1} {name}: p50 {p50:.3f} ms, p95 {p95:.3f} ms, {rate:.0f} calls/s")
-                            elif workload == "W1":
-                                seconds = inst.w1(args.tasks)
-                                raw.setdefault(("W1", name), []).append(args.tasks / seconds)
-                                log(f"  W1 rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
-                            elif workload == "W2":
-                                lat = inst.w2(args.sequential)
-                                p50, p95 = percentile(lat, 50), percentile(lat, 95)
-                                raw.setdefault(("W2 p50", name), []).append(p50)
-                                raw.setdefault(("W2 p95", name), []).append(p95)
-                                log(f"  W2 rep {rep + 1} {name}: p50 {p50:.2f} ms, p95 {p95:.2f} ms (min {min(lat):.2f}, max {max(lat):.2f})")
-                            elif workload == "W3":
-                                seconds = inst.w3(args.chain)
-                                raw.setdefault(("W3", name), []).append(seconds / args.chain * 1000)
-                                log(f"  W3 rep {rep + 1} {name}: {seconds / args.chain * 1000:.2f} ms/link ({seconds:.2f} s)")
-                            else:
-                                parser.error(f"unknown workload {workload}")
+            raw = measure(systems, names, workloads, args)
         finally:
             if server is not None:
                 server.stop()
-            leftovers = {pid: p for pid, p in descendants().items() if not _multiprocessing_helper(p)}
-            if leftovers:
-                log(f"ending {len(leftovers)} leftover processes by pid: {sorted(leftovers)}")
-                end_processes(leftovers)
+            end_leftovers()
 
     env_info["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     env_info["duration"] = f"{time.monotonic() - started:.0f} s"
@@ -745,6 +742,49 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(markdown, encoding="utf-8")
     log(f"(written to {args.out})")
     return 0
+
+
+def measure(systems: dict[str, Any], names: list[str], workloads: list[str], args: argparse.Namespace) -> dict[tuple[str, str], list[float]]:
+    """Each workload, --reps times, on a fresh instance of each of `names` (in an order rotated
+    each repetition): {(metric, system): the value of each repetition}. A system is anything with
+    `instance()` and the workloads' methods (w1, w2, w3; w1_batch and submit_latency optional)."""
+    raw: dict[tuple[str, str], list[float]] = {}  # (metric, system) -> per-rep values
+    for workload in workloads:
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[: rep % len(names)]
+            for name in order:
+                needs = {"W1b": "w1_batch", "S": "submit_latency"}.get(workload)
+                if needs and not hasattr(systems[name], needs):
+                    continue  # fredica's batch row; the submit latency of those that have it
+                with systems[name].instance() as inst:
+                    if workload == "W1b":
+                        seconds = inst.w1_batch(args.tasks)
+                        raw.setdefault(("W1 batch", name), []).append(args.tasks / seconds)
+                        log(f"  W1b rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
+                    elif workload == "S":
+                        lat, rate = inst.submit_latency(args.submits)
+                        p50, p95 = percentile(lat, 50), percentile(lat, 95)
+                        raw.setdefault(("S p50", name), []).append(p50)
+                        raw.setdefault(("S p95", name), []).append(p95)
+                        raw.setdefault(("S calls/s", name), []).append(rate)
+                        log(f"  S rep {rep + 1} {name}: p50 {p50:.3f} ms, p95 {p95:.3f} ms, {rate:.0f} calls/s")
+                    elif workload == "W1":
+                        seconds = inst.w1(args.tasks)
+                        raw.setdefault(("W1", name), []).append(args.tasks / seconds)
+                        log(f"  W1 rep {rep + 1} {name}: {args.tasks / seconds:.1f} tasks/s ({seconds:.2f} s)")
+                    elif workload == "W2":
+                        lat = inst.w2(args.sequential)
+                        p50, p95 = percentile(lat, 50), percentile(lat, 95)
+                        raw.setdefault(("W2 p50", name), []).append(p50)
+                        raw.setdefault(("W2 p95", name), []).append(p95)
+                        log(f"  W2 rep {rep + 1} {name}: p50 {p50:.2f} ms, p95 {p95:.2f} ms (min {min(lat):.2f}, max {max(lat):.2f})")
+                    elif workload == "W3":
+                        seconds = inst.w3(args.chain)
+                        raw.setdefault(("W3", name), []).append(seconds / args.chain * 1000)
+                        log(f"  W3 rep {rep + 1} {name}: {seconds / args.chain * 1000:.2f} ms/link ({seconds:.2f} s)")
+                    else:
+                        raise ValueError(f"unknown workload {workload}")
+    return raw
 
 
 def _interrupted(signum: int, _frame: Any) -> None:
@@ -760,7 +800,12 @@ def _multiprocessing_helper(proc: psutil.Process) -> bool:
     return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
 
 
-def render(raw: dict[tuple[str, str], list[float]], names: list[str], args: argparse.Namespace, env_info: dict[str, str]) -> str:
+def render(
+    raw: dict[tuple[str, str], list[float]], names: list[str], args: argparse.Namespace, env_info: dict[str, str],
+    labels: dict[str, str] = SYSTEMS,
+) -> str:
+    """The markdown table of the medians (each fredica column also divided by the best peer's),
+    every repetition, and the environment; `labels`: each system's column title."""
     metrics = [
         ("W1", f"W1 {args.tasks:,} no-op tasks: tasks/s (higher is better)", "{:.0f}"),
         ("W1 batch", f"W1 batch: the {args.tasks:,} tasks in one submission, tasks/s", "{:.0f}"),
@@ -780,8 +825,8 @@ def render(raw: dict[tuple[str, str], list[float]], names: list[str], args: argp
             "and W3 (ms) below 1 is faster."
         ),
         "",
-        "| workload | " + " | ".join(SYSTEMS[n] for n in names) + " | best peer | "
-        + " | ".join(f"{SYSTEMS[n]} / best peer" for n in ours) + " |",
+        "| workload | " + " | ".join(labels[n] for n in names) + " | best peer | "
+        + " | ".join(f"{labels[n]} / best peer" for n in ours) + " |",
         "|---|" + "---|" * (len(names) + 1 + len(ours)),
     ]
     for key, title, fmt in metrics:
@@ -802,13 +847,13 @@ def render(raw: dict[tuple[str, str], list[float]], names: list[str], args: argp
             if best_name:
                 cell += f" ({med[n] / med[best_name]:.3g})"
             cells.append(cell)
-        best = f"{SYSTEMS[best_name]}" if best_name else "-"
+        best = f"{labels[best_name]}" if best_name else "-"
         ratios = [f"**{med[n] / med[best_name]:.3g}**" if best_name and n in med else "-" for n in ours]
         lines.append(f"| {title} | " + " | ".join(cells) + f" | {best} | " + " | ".join(ratios) + " |")
     lines += ["", "Every repetition (in the order run):", "", "| workload | system | values |", "|---|---|---|"]
     for key, _title, fmt in metrics:
         for n in names:
             if (key, n) in raw:
-                lines.append(f"| {key} | {SYSTEMS[n]} | " + ", ".join(fmt.format(v) for v in raw[(key, n)]) + " |")
+                lines.append(f"| {key} | {labels[n]} | " + ", ".join(fmt.format(v) for v in raw[(key, n)]) + " |")
     lines += ["", "Environment:", ""] + [f"- {k}: {v}" for k, v in env_info.items()]
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,18 @@ REPO = Path(__file__).resolve().parent.parent.parent
 class FredicaDaemon:
     """One benchmark system: the daemon with `tasks_per_process`, behind `Client`."""
 
-    def __init__(self, tasks_per_process: int = 1, *, event_loop: bool = False, workers: int = 2) -> None:
+    def __init__(
+        self, tasks_per_process: int = 1, *, event_loop: bool = False, workers: int = 2,
+        database: Callable[[], contextlib.AbstractContextManager[str]] | None = None, supervisors: int = 1,
+    ) -> None:
+        """`database`: makes a fresh database URL (postgresql://) per instance, instead of a SQLite
+        file in the instance's temp dir; `supervisors`: that many daemons of their own names on it
+        (PostgreSQL only), each with `workers` workers, the calls spread over them in turn."""
+        if supervisors > 1 and database is None:
+            raise ValueError("several supervisors share one queue on PostgreSQL only: give `database`")
         self.tasks_per_process = tasks_per_process
+        self.database = database
+        self.supervisors = supervisors
         # The event-loop row: NOOP and STAMP as `async def` executors (fredica_tasks.AsyncNoop,
         # AsyncStamp), which run in event-loop processes holding `workers` attempts at once.
         self.event_loop = event_loop
@@ -47,41 +57,61 @@ class FredicaDaemon:
     def instance(self) -> Iterator[FredicaDaemon]:
         from daemon.client import Client
 
-        with tempfile.TemporaryDirectory(prefix="peers-fredica-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="peers-fredica-") as tmp, contextlib.ExitStack() as stack:
             root = Path(tmp)
-            config = root / "config.toml"
-            settings = {
-                "database": str(root / "fredica.db"), "socket": str(root / "control.sock"),
-                "log_dir": str(root / "logs"), "max_workers": self.workers, "tasks_per_process": self.tasks_per_process,
-            }
-            config.write_text(
-                "[daemon]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
-                + "\n[executors]\n" + "".join(f"{name} = {json.dumps(path)}\n" for name, path in self._executors().items())
-                # The issue's event-loop row: 2 event-loop processes, any number of attempts each.
-                + ("\n[queues.default]\nprocesses = 2\n" if self.event_loop else "")
-            )
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-            env.pop("FREDICA_CONFIG", None)
-            with open(root / "daemon.out", "ab") as out:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "daemon", "daemon", "--config", str(config)],
-                    env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                )
+            database = stack.enter_context(self.database()) if self.database else str(root / "fredica.db")
             self.open_file = root / "gate-open"
+            self.processes: list[subprocess.Popen[bytes]] = []
+            self.clients: list[Any] = []
             try:
-                self.client = Client(config)
-                self._wait_ready(root)
-                self.client.wait(self.client.submit("NOOP"), timeout=60)  # warm: a process has run a task
+                for index in range(self.supervisors):
+                    home = root / f"supervisor-{index}"
+                    home.mkdir()
+                    config = self._config(home, database, name=f"bench-{index}")
+                    self.processes.append(self._start(home, config))
+                    self.clients.append(Client(config))
+                    self._wait_ready(home, self.processes[-1], self.clients[-1])
+                self.client = self.clients[0]
+                # Warm: a process of each has run a task (on a shared queue, whoever claims them).
+                self._all_completed([c.submit("NOOP") for c in self.clients for _ in range(2)])
                 yield self
             finally:
-                self.client.close()
-                if self.process.poll() is None:
-                    self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(30)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait(10)
+                for client in self.clients:
+                    client.close()
+                for process in self.processes:
+                    if process.poll() is None:
+                        process.send_signal(signal.SIGTERM)
+                for process in self.processes:
+                    try:
+                        process.wait(30)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait(10)
+
+    def _config(self, home: Path, database: str, *, name: str) -> Path:
+        config = home / "config.toml"
+        settings = {
+            "database": database, "socket": str(home / "control.sock"), "log_dir": str(home / "logs"),
+            "max_workers": self.workers, "tasks_per_process": self.tasks_per_process,
+        }
+        if self.database:
+            settings["name"] = name  # on a shared queue each supervisor has a name of its own
+        config.write_text(
+            "[daemon]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
+            + "\n[executors]\n" + "".join(f"{key} = {json.dumps(path)}\n" for key, path in self._executors().items())
+            # The issue's event-loop row: 2 event-loop processes, any number of attempts each.
+            + ("\n[queues.default]\nprocesses = 2\n" if self.event_loop else "")
+        )
+        return config
+
+    def _start(self, home: Path, config: Path) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        env.pop("FREDICA_CONFIG", None)
+        with open(home / "daemon.out", "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "daemon", "daemon", "--config", str(config)],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+            )
 
     def _executors(self) -> dict[str, str]:
         tasks = "benchmarks.peers.fredica_tasks"
@@ -89,15 +119,16 @@ class FredicaDaemon:
             return {"NOOP": f"{tasks}:AsyncNoop", "STAMP": f"{tasks}:AsyncStamp", "GATE": f"{tasks}:Gate"}
         return {"NOOP": "benchmarks.noop:Noop", "STAMP": f"{tasks}:Stamp", "GATE": f"{tasks}:Gate"}
 
-    def _wait_ready(self, root: Path) -> None:
+    @staticmethod
+    def _wait_ready(home: Path, process: subprocess.Popen[bytes], client: Any) -> None:
         from daemon.errors import DaemonUnreachable
 
         deadline = time.monotonic() + 30
         while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"fredica daemon exited: {(root / 'daemon.out').read_text()[-2000:]}")
+            if process.poll() is not None:
+                raise RuntimeError(f"fredica daemon exited: {(home / 'daemon.out').read_text()[-2000:]}")
             try:
-                self.client.status()
+                client.status()
                 return
             except DaemonUnreachable:
                 if time.monotonic() > deadline:
@@ -111,8 +142,9 @@ class FredicaDaemon:
             raise RuntimeError(f"{len(bad)} fredica tasks ended otherwise, e.g. {bad[0]['status']}")
 
     def w1(self, n: int) -> float:
+        submits = [c.submit for c in self.clients]
         t0 = time.perf_counter()
-        ids = [self.client.submit("NOOP") for _ in range(n)]
+        ids = [submits[i % len(submits)]("NOOP") for i in range(n)]
         self._all_completed(ids)
         return time.perf_counter() - t0
 

@@ -59,3 +59,15 @@ class AsyncStamp(TaskExecutor):
     async def execute(self, task: Task, ctx: Any) -> ExecuteResult:  # type: ignore[override]
         started = time.time()
         return ExecuteResult(result={"started": started})
+
+
+class AsyncHang(TaskExecutor):
+    """Runs, idle, until it is cancelled: an event-loop process holds any number of them at once
+    (the PostgreSQL benchmark's 1,000 running tasks of a supervisor that is then killed). It waits
+    on the cancel alone, so that a thousand of them cost no CPU while the rescue is measured."""
+
+    task_type = "HANG"
+
+    async def execute(self, task: Task, ctx: Any) -> ExecuteResult:  # type: ignore[override]
+        await ctx.wait_cancelled()
+        return ExecuteResult(result={})

@@ -45,5 +45,9 @@ def noop_marked(*args: object) -> None:
 
 def stamp_marked(*args: object) -> None:
     """Records the time it started running, as a line, at its end."""
-    started = time.time()
+    append_stamp(time.time())
+
+
+def append_stamp(started: float) -> None:
+    """Appends `started` as a line: the record of a stamping task (the client reads it back)."""
     _append(b"%.6f\n" % started)

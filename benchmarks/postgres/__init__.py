@@ -1,0 +1,1 @@
+"""PostgreSQL runs of the peers workloads, rescue and claim, fredica beside procrastinate (issue 15)."""
