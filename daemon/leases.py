@@ -3,8 +3,10 @@
 The lease is a database's single-owner lock where a file lock cannot reach (several hosts): taken
 at start before anything else (`take`: a second live supervisor of the same name is refused with
 one line), renewed by the loop every heartbeat_interval in its tick's transaction (`Lease.tick`),
-given up at a graceful stop. At each renewal the loop also looks for leases that have expired,
-and rescues their supervisors' tasks (`store.supervisors.rescue`).
+given up at a graceful stop. Twice a second (RESCUE_LOOK_INTERVAL) the loop also looks for leases
+that have expired, and rescues their supervisors' tasks (`store.supervisors.rescue`): a dead
+supervisor's tasks are taken up within a second of its lease's end, not at the next renewal
+(5 s by default), for one SELECT of the small supervisor table.
 
 After a lost connection (a server restart) everyone's lease may have run out meanwhile: a
 supervisor that has just reconnected rescues no one for one lease_timeout, so that the others,
@@ -29,6 +31,7 @@ from daemon.store import db, supervisors
 log = structlog.get_logger("fredica.leases")
 
 HOST = socket.gethostname()
+RESCUE_LOOK_INTERVAL = 0.5  # seconds between looks for expired leases (at most heartbeat_interval)
 
 
 def _gone(row: supervisors.SupervisorRow) -> bool:
@@ -61,23 +64,32 @@ def take(settings: Settings) -> None:
 
 
 class Lease:
-    """The loop's side of the lease: when to renew it next, and the rescues each renewal does."""
+    """The loop's side of the lease: when to renew it and look for expired ones next, and the
+    rescues each look does."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.next_at = 0.0  # the first tick renews it
+        self.next_at = 0.0  # the first tick renews it (the earlier of the two below)
+        self._renew_at = 0.0
+        self._look_at = 0.0
         self.rescue_from = 0.0  # no rescue before (the grace after a reconnection)
 
     def tick(self, conn: sqlite3.Connection, now: float) -> list[supervisors.Rescue]:
-        """Renew the lease if due, then rescue every supervisor whose lease has expired; inside
-        the loop's transaction. A database fault is raised (the tick is rolled back and retried);
-        a bug of ours is logged, and tried again at the next renewal."""
+        """Renew the lease if due; look for expired leases if due and rescue their supervisors;
+        inside the loop's transaction. A database fault is raised (the tick is rolled back and
+        retried); a bug of ours is logged, and tried again at the next look."""
         if now < self.next_at:
             return []
-        self.next_at = now + self.settings.heartbeat_interval
+        heartbeat = self.settings.heartbeat_interval
+        renew = now >= self._renew_at
+        if renew:
+            self._renew_at = now + heartbeat
+        self._look_at = now + min(RESCUE_LOOK_INTERVAL, heartbeat)
+        self.next_at = min(self._renew_at, self._look_at)
         try:
-            with db.savepoint(conn):
-                self._renew(conn)
+            if renew:
+                with db.savepoint(conn):
+                    self._renew(conn)
             if now < self.rescue_from:
                 return []
             return self._rescue_expired(conn, now)
@@ -114,11 +126,11 @@ class Lease:
 
     def rolled_back(self) -> None:
         """The tick's transaction was rolled back, and its renewal with it: renew at the next."""
-        self.next_at = 0.0
+        self.next_at = self._renew_at = 0.0
 
     def reconnected(self, now: float) -> None:
         """A new session after a lost one: renew at once, rescue no one for a lease_timeout."""
-        self.next_at = 0.0
+        self.next_at = self._renew_at = 0.0
         self.rescue_from = now + self.settings.lease_timeout
 
     def release(self, conn: sqlite3.Connection) -> None:

@@ -252,19 +252,26 @@ def lease_settings(name: str, lease: float) -> Settings:
                     lease_timeout=lease, heartbeat_interval=lease / 4)
 
 
-def test_the_loop_renews_at_each_heartbeat_and_rescues_an_expired_lease(conn: sqlite3.Connection) -> None:
+def test_the_loop_renews_at_each_heartbeat_and_rescues_an_expired_lease_within_half_a_second(
+    conn: sqlite3.Connection,
+) -> None:
     submit(conn, 1)
-    lease = leases.Lease(lease_settings("alive", LIVE))
+    lease = leases.Lease(lease_settings("alive", LIVE))  # renewed every LIVE / 4 (900 s)
     lease.tick(conn, T0)  # registers "alive": a renewal finds no row of its own yet
-    assert supervisors.find(conn, "alive").pid == os.getpid()
+    renewed = supervisors.find(conn, "alive")
+    assert renewed.pid == os.getpid()
     register(conn, "dead", lease=SHORT)
     (task,) = claim(conn, "dead")
     expire(conn, "dead")
-    assert lease.tick(conn, T0 + 1) == []  # not due yet: one heartbeat (LIVE / 4) after the last
+    assert lease.tick(conn, T0 + 0.2) == []  # not due: the last look was 0.2 s ago
     assert supervisors.find(conn, "dead") is not None
-    (rescued,) = lease.tick(conn, T0 + LIVE)
+    (rescued,) = lease.tick(conn, T0 + 0.5)  # a look, long before the next renewal
     assert [t.id for t in rescued.requeued] == [task.id] and supervisors.find(conn, "dead") is None
-    assert lease.next_at == T0 + LIVE + LIVE / 4
+    assert supervisors.find(conn, "alive").heartbeat_at == renewed.heartbeat_at  # not renewed by a look
+    assert lease.next_at == T0 + 1.0
+    lease.tick(conn, T0 + LIVE / 4)
+    assert supervisors.find(conn, "alive").heartbeat_at > renewed.heartbeat_at
+    assert lease.next_at == T0 + LIVE / 4 + 0.5
 
 
 def test_after_a_reconnection_the_loop_rescues_no_one_for_a_lease_timeout(conn: sqlite3.Connection) -> None:
