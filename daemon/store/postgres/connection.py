@@ -154,8 +154,11 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
     # The names straight from the result, not `cursor.description`, whose Column objects cost
     # 31 us for the task table's columns: most of a one-row SELECT, at every statement.
     result = cursor.pgresult
-    fields = result.nfields if result is not None else 0
-    index = {result.fname(position).decode(): position for position in range(fields)} if result else {}
+    names = [result.fname(position) for position in range(result.nfields)] if result is not None else []
+    if None in names:  # a result that names no fields (a COPY's): as psycopg describes it
+        index = {column.name: position for position, column in enumerate(cursor.description or ())}
+    else:
+        index = {name.decode(): position for position, name in enumerate(names)}  # type: ignore[union-attr]
     return lambda values: Row(values, index)
 
 
