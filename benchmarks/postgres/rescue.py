@@ -17,8 +17,9 @@ Two measurements, each on a fresh database:
                the expiry of `dead`'s lease (its last heartbeat + lease_timeout, database clock)
                until its row is gone, which the rescue deletes last, in the transaction that
                handles its tasks (polled every 2 ms, database clock). `live` looks for expired
-               leases when it renews its own, every heartbeat_interval: the time after expiry is
-               up to one heartbeat_interval of waiting for that look, plus the rescue itself.
+               leases twice a second (daemon/leases.py), whatever its heartbeat_interval: the
+               time after expiry is up to half a second of waiting for that look, plus the
+               rescue itself.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import psutil
 from daemon.client import Client
 from daemon.models import TaskStatus
 from daemon.store import db, supervisors, tasks
+from daemon.store import recovery as recovery_store
 from daemon.submission import TaskSpec
 
 DEAD = "dead"
@@ -71,7 +73,7 @@ def rescue_transaction(url: str, n: int, *, profile: bool = False) -> dict[str, 
             profiler.disable()
         wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         assert rescue is not None and len(rescue.interrupted) == n, rescue
-        assert supervisors.find(conn, DEAD) is None and tasks.in_flight(conn, supervisor=DEAD) == []
+        assert supervisors.find(conn, DEAD) is None and recovery_store.in_flight(conn, supervisor=DEAD) == []
         result: dict[str, Any] = {"wall": wall, "cpu": cpu}
         if profiler:
             out = io.StringIO()
@@ -117,7 +119,7 @@ def rescue_by_daemon(url: str, root: Path, n: int, *, lease_timeout: float, hear
         _wait(lambda: supervisors.find(conn, DEAD) is None, timeout=lease_timeout + 10 * heartbeat + 30,
               what=f"{DEAD}'s rescue", interval=0.002)
         done = supervisors.database_now(conn)
-        left = tasks.in_flight(conn, supervisor=DEAD)
+        left = recovery_store.in_flight(conn, supervisor=DEAD)
         assert left == [], f"{len(left)} tasks of {DEAD} still in flight after its rescue"
         with Client(live.config) as client:
             failed = [t for t in client.list(status="failed") if t["type"] == "HANG"]
