@@ -32,7 +32,7 @@ from typing import Sequence
 import structlog
 
 from daemon import outcomes, processes
-from daemon.models import Task, TaskStatus
+from daemon.models import Task
 from daemon.store import db, restarts, runs
 from daemon.store import recovery as recovery_store
 from executors.registry import Registry

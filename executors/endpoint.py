@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 from daemon import models
 from executors import framing, registry
 from executors.ahead import AheadAttempts
-from executors.assignment import Assignment, Limits
+from executors.assignment import Assignment
 from executors._parent import (
     LOOK_INTERVAL, AttemptState, adopt_orphans, await_end, daemon_gone, die_with_parent, end_leftovers,
     end_orphaned_attempt, watch_daemon,

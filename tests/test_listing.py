@@ -9,7 +9,6 @@ import json
 import socket
 import sqlite3
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -11,7 +11,6 @@ from typing import Any
 import structlog
 
 from daemon import messages
-from daemon.models import TaskStatus
 from daemon.engine.attempt import Attempt, Phase
 from daemon.store import db, tasks
 from daemon.submission import parse_spec

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from daemon.models import TaskStatus as S
 from daemon.store import db, migrations, restarts, tasks
 from daemon.submission import TaskSpec
 from tests.conformance import conn  # noqa: F401 (every test on every backend)

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from daemon import faults, models, paths, queues
+from daemon import models, paths, queues
 from daemon.config import Settings
 from daemon.engine.dispatching import CLAIMS_PER_TICK
 from daemon.models import Task, TaskStatus

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon import cli, client
-from executors import assignment, endpoint, tasklog
+from executors import assignment, tasklog
 from daemon.models import TaskStatus
 from daemon.supervisor import Supervisor
 from daemon.engine import executor_processes

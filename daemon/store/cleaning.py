@@ -19,7 +19,7 @@ import sqlite3
 from typing import Sequence
 
 from daemon.models import RunStatus
-from daemon.store import backend, statuses
+from daemon.store import statuses
 from daemon.store.db import write
 
 # Tasks removed in one chunk. Measured at 100,000 finished tasks on a shared 2-core machine (load
