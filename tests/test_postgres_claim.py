@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
 from daemon.models import TaskStatus as S
-from daemon.store import db, runs, task_reads, tasks
+from daemon.store import backend, db, runs, task_reads, tasks
 from daemon.submission import parse_spec
 
 T0 = 5_000.0
@@ -80,3 +81,19 @@ def test_threads_claiming_at_once_never_claim_a_task_twice(database: str | Path,
     assert {t.status for t in task_reads.list_tasks(store)} == {S.CLAIMED}
     run_ids = {t.workflow_run_id for t in task_reads.list_tasks(store)}
     assert sum(runs.get(store, run_id).counts.claimed for run_id in run_ids) == 300
+
+
+@on_postgres
+def test_a_completion_finds_its_dependents_by_key_on_a_queue_loaded_before_any_analyze(
+    store: sqlite3.Connection,
+) -> None:
+    # Without statistics (a queue just loaded in bulk) the planner took `status = 'pending'` for
+    # the way in: it hashed or and-ed the status index's every pending entry at each completion.
+    links = [str(uuid.uuid4()) for _ in range(2000)]
+    specs = [parse_spec({"type": "T", "id": link, **({"depends_on": [links[i - 1]]} if i else {})})
+             for i, link in enumerate(links)]
+    tasks.submit(store, specs, now=T0)
+    seq = tasks.get(store, links[10]).seq
+    plan = " ".join(row[0] for row in store.execute(
+        "EXPLAIN " + tasks._UNBLOCK[backend.POSTGRESQL], (seq,)).fetchall())
+    assert "task_by_status" not in plan and "task_pkey" in plan and "Hash" not in plan, plan

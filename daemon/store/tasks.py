@@ -234,14 +234,25 @@ def _result_json(result: Any) -> str:
     return json.dumps(result, allow_nan=False)  # NaN is not JSON: refused rather than stored
 
 
-def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
-    conn.executemany(
-        f"""
+# On PostgreSQL the dependents are read first (an InitPlan) and then found by primary key, and the
+# status test cannot use task_by_status: without statistics (a queue just loaded in bulk, before
+# ANALYZE or autovacuum) its planner otherwise hashed every pending task, or and-ed the status
+# index's 100,000 entries in, at each completion: 24-46 ms against 0.16 ms, at 100,000 pending.
+_UNBLOCK = {
+    backend.SQLITE: f"""
         UPDATE task SET unmet_deps = unmet_deps - 1
         WHERE seq IN (SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?) AND status = {statuses.PENDING}
         """,
-        [(seq,) for seq in completed_seqs],
-    )
+    backend.POSTGRESQL: f"""
+        UPDATE task SET unmet_deps = unmet_deps - 1
+        WHERE seq = ANY(ARRAY(SELECT task_seq FROM task_dependency WHERE depends_on_seq = ?))
+          AND status || '' = {statuses.PENDING}
+        """,
+}
+
+
+def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
+    conn.executemany(_UNBLOCK[backend.of(conn)], [(seq,) for seq in completed_seqs])
 
 
 def _cascade_cancel(conn: sqlite3.Connection, ended: Sequence[Mapping[str, Any]], now: float) -> None:
