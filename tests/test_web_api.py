@@ -418,6 +418,24 @@ def test_two_daemons_making_the_token_file_at_once_end_with_the_same_token(
     assert [p.name for p in path.parent.iterdir()] == ["http-token"]  # no file of a token left behind
 
 
+def test_the_token_file_is_made_where_the_filesystem_has_no_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from daemon.web import auth
+
+    def no_links(*_: object) -> None:  # as vfat, exFAT and some network mounts answer link(2)
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(auth.os, "link", no_links)
+    path = tmp_path / "state" / "http-token"
+    token = auth.load_or_create_token(path)
+    assert token and path.read_text().strip() == token and auth.load_or_create_token(path) == token
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["http-token"]
+
+
 def test_a_port_in_use_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
     d = HttpDaemon(tmp_path / "d")
     import socket

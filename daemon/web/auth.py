@@ -14,6 +14,7 @@ another site open in the same browser can neither read nor drive the API.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import json
 import os
@@ -58,7 +59,12 @@ def load_or_create_token(path: Path) -> str:
         token = secrets.token_urlsafe(32)
         with os.fdopen(fd, "w") as handle:
             handle.write(token + "\n")
-        os.link(made, path)
+        try:
+            os.link(made, path)
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            _create_in_place(path, token)  # vfat, exFAT, some network and FUSE mounts
     except FileExistsError:
         return read_token(path)  # another daemon's, made meanwhile
     except OSError as exc:
@@ -68,6 +74,18 @@ def load_or_create_token(path: Path) -> str:
             os.unlink(made)
     log.info("http_token_created", path=str(path))
     return token
+
+
+# What link(2) says on a filesystem that has no hard links.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def _create_in_place(path: Path, token: str) -> None:
+    """Where no hard link can be made: created under its name (0600, FileExistsError if another
+    daemon was first), then written. A daemon starting in that moment may read it empty."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
 
 
 def read_token(path: Path) -> str:
