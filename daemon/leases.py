@@ -77,7 +77,7 @@ class Lease:
     def tick(self, conn: sqlite3.Connection, now: float) -> list[supervisors.Rescue]:
         """Renew the lease if due; look for expired leases if due and rescue their supervisors;
         inside the loop's transaction. A database fault is raised (the tick is rolled back and
-        retried); a bug of ours is logged, and tried again at the next look."""
+        retried); a bug of ours is logged, and tried again a heartbeat_interval later."""
         if now < self.next_at:
             return []
         heartbeat = self.settings.heartbeat_interval
@@ -86,17 +86,22 @@ class Lease:
             self._renew_at = now + heartbeat
         self._look_at = now + min(RESCUE_LOOK_INTERVAL, heartbeat)
         self.next_at = min(self._renew_at, self._look_at)
+        failed = "lease_renewal_failed"
         try:
             if renew:
                 with db.savepoint(conn):
                     self._renew(conn)
+            failed = "lease_look_failed"
             if now < self.rescue_from:
                 return []
             return self._rescue_expired(conn, now)
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
-            log.exception("lease_renewal_failed", supervisor=self.settings.name)
+            # Not twice a second: a bug's traceback once a heartbeat, as before the looks.
+            log.exception(failed, supervisor=self.settings.name)
+            self._look_at = now + heartbeat
+            self.next_at = min(self._renew_at, self._look_at)
             return []
 
     def _renew(self, conn: sqlite3.Connection) -> None:

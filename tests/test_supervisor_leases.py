@@ -274,6 +274,27 @@ def test_the_loop_renews_at_each_heartbeat_and_rescues_an_expired_lease_within_h
     assert lease.next_at == T0 + LIVE / 4 + 0.5
 
 
+def test_a_bug_of_ours_in_the_look_is_logged_once_a_heartbeat_not_at_every_look(
+    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = leases.Lease(lease_settings("alive", 20.0))  # renewed every 5 s, the default
+    lease.tick(conn, T0)
+
+    def bug(*_: object, **__: object) -> list[str]:
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(supervisors, "expired", bug)
+    logged: list[tuple[object, ...]] = []
+    monkeypatch.setattr(leases.log, "exception", lambda *event, **_: logged.append(event))
+    now = T0
+    while now < T0 + 60:
+        now += 0.1
+        if now >= lease.next_at:
+            lease.tick(conn, now)
+    # Once a heartbeat (5 s) over 60 s, not twice a second (120); and named for what failed.
+    assert 11 <= len(logged) <= 13 and set(logged) == {("lease_look_failed",)}, logged
+
+
 def test_after_a_reconnection_the_loop_rescues_no_one_for_a_lease_timeout(conn: sqlite3.Connection) -> None:
     submit(conn, 1)
     register(conn, "slow", lease=SHORT)
