@@ -97,3 +97,12 @@ def test_a_completion_finds_its_dependents_by_key_on_a_queue_loaded_before_any_a
     plan = " ".join(row[0] for row in store.execute(
         "EXPLAIN " + tasks._UNBLOCK[backend.POSTGRESQL], (seq,)).fetchall())
     assert "task_by_status" not in plan and "task_pkey" in plan and "Hash" not in plan, plan
+
+
+@on_postgres
+def test_column_names_are_read_in_the_clients_encoding(store: sqlite3.Connection) -> None:
+    store.raw.execute("SET client_encoding TO 'LATIN1'")
+    try:
+        assert store.execute('SELECT 1 AS "é", 2 AS plain').fetchone()["é"] == 1
+    finally:
+        store.raw.execute("SET client_encoding TO 'UTF8'")

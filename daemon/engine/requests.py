@@ -164,7 +164,7 @@ class TakesRequests:
                 continue
             try:
                 with db.savepoint(self.conn):
-                    cancels.cancel(self.conn, task_id, now=now)
+                    cancels.cancel(self.conn, task_id, now=now, reason="run cancelled by user")
             except InvalidTransition:
                 continue
             cancelled.append(task_id)

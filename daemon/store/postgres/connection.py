@@ -158,7 +158,8 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
     if None in names:  # a result that names no fields (a COPY's): as psycopg describes it
         index = {column.name: position for position, column in enumerate(cursor.description or ())}
     else:
-        index = {name.decode(): position for position, name in enumerate(names)}  # type: ignore[union-attr]
+        encoding = cursor.connection.info.encoding  # the client's, as psycopg decodes the names
+        index = {name.decode(encoding): position for position, name in enumerate(names)}  # type: ignore[union-attr]
     return lambda values: Row(values, index)
 
 
