@@ -4,6 +4,7 @@ writers on other hosts commit their rows' seqs out of order."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -151,3 +152,34 @@ def test_tallies(conn: sqlite3.Connection) -> None:
     tasks.claim_ready(conn, T0, 1)
     assert sorted(live.tasks_by_status_and_queue(conn)) == [("claimed", "default", 1), ("pending", "default", 1)]
     assert live.restart_entries_by_disposition(conn) == {}
+
+
+def test_a_feed_that_cannot_open_its_reader_at_start_keeps_trying(
+    conn: sqlite3.Connection, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a PostgreSQL server away when the daemon starts: the producer must not end for good.
+    real, refused = db.connect_reader, []
+
+    def away_twice(database: Any) -> sqlite3.Connection:
+        if len(refused) < 2:
+            refused.append(database)
+            raise sqlite3.OperationalError("cannot reach the database: the server is away")
+        return real(database)
+
+    monkeypatch.setattr(events.db, "connect_reader", away_twice)
+    monkeypatch.setattr(events, "RECONNECT_WAIT", 0.01)
+    changes = feed(db_path)
+    submit(conn, 1)
+
+    async def first_look() -> bytes:
+        changes.start(asyncio.get_running_loop())
+        stream = changes.stream()
+        try:
+            assert (await stream.__anext__()).startswith(b"event: hello")
+            return await asyncio.wait_for(stream.__anext__(), 15)  # the first look: its counts
+        finally:
+            changes.stop()
+
+    event = asyncio.run(first_look())
+    assert len(refused) == 2 and event.startswith(b"event: tasks") and b'"pending":1' in event
+

@@ -33,6 +33,7 @@ INTERVAL = 0.2  # seconds between two looks at most: the page's lag behind the d
 COUNTS_INTERVAL = 1.0  # the counts by status (a scan of an index) are read at most this often
 ADDED_MAX = 500  # new rows sent one by one per look; past that the pages are told to load again
 KEEPALIVE = 15.0  # seconds between comments on a quiet stream, so a gone client is noticed
+RECONNECT_WAIT = 1.0  # seconds between two attempts to open the feed's reader
 QUEUE_MAX = 64  # events a subscriber may lag behind before it is dropped
 # Seconds a seq missing below seen ones is waited for: longer than a writer's transaction takes
 # from its insert to its commit, short enough that rows above it are not read again for long.
@@ -165,14 +166,19 @@ class TaskChanges:
     # --- the producer (its own thread) --------------------------------------------------------------
 
     def _run(self) -> None:
-        conn = db.connect_reader(self.database)
+        conn: sqlite3.Connection | None = None
         try:
-            self.arrivals = Arrivals(live.last_seq(conn))
             seen_commits = -1
-            failing = False  # the last look failed
+            failing = False  # the last look (or connection) failed
             while not self._stopping.is_set():
                 if not self._has_subscribers.wait(1.0):
                     continue
+                if conn is None:
+                    conn = self._connect(failing)
+                    if conn is None:  # a PostgreSQL server away when the daemon started: later
+                        failing = True
+                        self._stopping.wait(RECONNECT_WAIT)
+                        continue
                 if not self.shared:
                     commits = self.wait_for_commit(seen_commits, 1.0)
                     if commits == seen_commits or self._stopping.is_set():
@@ -196,7 +202,23 @@ class TaskChanges:
                         return  # the event loop has closed: the server is stopping
                 self._stopping.wait(self.interval)
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    def _connect(self, failing: bool) -> sqlite3.Connection | None:
+        """The feed's own reader, and the seq its arrivals start after; None while the database
+        cannot be read (said once per outage), rather than a producer thread ended for good."""
+        conn = None
+        try:
+            conn = db.connect_reader(self.database)
+            self.arrivals = Arrivals(live.last_seq(conn))
+            return conn
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            if not failing:
+                log.warning("http_events_read_failed", error=str(exc))
+            return None
 
     def look(self, conn: sqlite3.Connection, now: float) -> bytes | None:
         """One look: what changed since the last, as one event (None: nothing did)."""
