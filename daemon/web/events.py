@@ -17,6 +17,7 @@ the page of any host shows every task of the queue live.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import threading
@@ -166,19 +167,25 @@ class TaskChanges:
     # --- the producer (its own thread) --------------------------------------------------------------
 
     def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
+        # Opened at once, not at the first subscriber: the rows a page may miss are those added
+        # after this horizon, so it must be taken before any page subscribes.
+        conn = self._connect(failing=False)
+        late = conn is None
         try:
             seen_commits = -1
-            failing = False  # the last look (or connection) failed
+            failing = late  # the last look (or connection) failed
             while not self._stopping.is_set():
-                if not self._has_subscribers.wait(1.0):
-                    continue
                 if conn is None:
                     conn = self._connect(failing)
                     if conn is None:  # a PostgreSQL server away when the daemon started: later
                         failing = True
                         self._stopping.wait(RECONNECT_WAIT)
                         continue
+                    if self.loop is not None:  # rows may have come before this late horizon
+                        with contextlib.suppress(RuntimeError):
+                            self.loop.call_soon_threadsafe(self._fan_out, sse("resync", {}))
+                if not self._has_subscribers.wait(1.0):
+                    continue
                 if not self.shared:
                     commits = self.wait_for_commit(seen_commits, 1.0)
                     if commits == seen_commits or self._stopping.is_set():
