@@ -39,6 +39,7 @@ class DisplayStatus(enum.StrEnum):
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RUNNING})
+IN_FLIGHT_STATUSES = (TaskStatus.CLAIMED, TaskStatus.RUNNING)  # held by a supervisor: what its death leaves
 WAITING_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.CLAIMED})
 # The words a task filter (`ls --status`) takes: the stored statuses and those people see
 # (SPEC §14).

@@ -43,6 +43,13 @@ def expire(conn: sqlite3.Connection, name: str) -> None:
     wait_for(lambda: name in supervisors.expired(conn, besides="nobody"), timeout=5)
 
 
+def started(conn: sqlite3.Connection, supervisor: str) -> models.Task:
+    """One task submitted, claimed by `supervisor` and started: its first attempt running."""
+    (task_id,) = submit(conn, 1)
+    (claimed,) = claim(conn, supervisor)
+    return tasks.start(conn, task_id, now=T0 + 2, known=claimed)
+
+
 def row(conn: sqlite3.Connection, task_id: str) -> tuple:
     return tuple(conn.execute("SELECT * FROM task WHERE id = ?", (task_id,)).fetchone())
 
@@ -84,9 +91,8 @@ def test_a_late_start_of_a_rescued_claim_changes_nothing_of_the_new_claim(conn: 
 def test_late_writes_of_a_replaced_attempt_are_refused_and_the_new_attempt_keeps_its_own(
     conn: sqlite3.Connection,
 ) -> None:
-    (task_id,) = submit(conn, 1)
-    (first,) = claim(conn, "alpha")
-    stale = tasks.start(conn, task_id, now=T0 + 2, known=first)
+    stale = started(conn, "alpha")
+    task_id = stale.id
     # Put back and claimed again by another supervisor (what a rescue of a claim, or a retry, leads to).
     tasks.requeue(conn, task_id, now=T0 + 3, known=stale)
     (second,) = claim(conn, "beta")
@@ -133,10 +139,8 @@ def test_a_late_outcome_of_a_rescued_running_attempt_is_refused(conn: sqlite3.Co
 def test_a_pause_asked_of_another_supervisor_names_its_attempt_and_is_not_carried_to_the_next(
     conn: sqlite3.Connection,
 ) -> None:
-    (task_id,) = submit(conn, 1)
-    (first,) = claim(conn, "alpha")
-    running = tasks.start(conn, task_id, now=T0 + 2, known=first)
-    ref = tasks.AttemptRef.of(running)
+    running = started(conn, "alpha")
+    task_id, ref = running.id, tasks.AttemptRef.of(running)
     assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([], {})
     assert attempts.ask_pause(conn, ref, True)
     assert attempts.look_at_attempts(conn, [ref]) == attempts.AttemptRows([], {task_id: True})

@@ -13,7 +13,7 @@ import dataclasses
 import sqlite3
 from typing import Any, Sequence
 
-from daemon.models import TaskStatus
+from daemon.models import IN_FLIGHT_STATUSES
 from daemon.store import statuses
 from daemon.store.db import write
 from daemon.store.postgres import wakeups
@@ -100,7 +100,7 @@ def record_progress(conn: sqlite3.Connection, updates: Sequence[tuple[str | Atte
     )
 
 
-IN_FLIGHT_VALUES = (TaskStatus.CLAIMED.value, TaskStatus.RUNNING.value)
+IN_FLIGHT_VALUES = frozenset(status.value for status in IN_FLIGHT_STATUSES)
 
 
 @dataclasses.dataclass(frozen=True)

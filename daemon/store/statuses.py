@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from daemon.models import ACTIVE_STATUSES, WAITING_STATUSES, TaskStatus
+from daemon.models import ACTIVE_STATUSES, IN_FLIGHT_STATUSES, WAITING_STATUSES, TaskStatus
 
 
 def literal(status: TaskStatus) -> str:
@@ -30,4 +30,4 @@ CLAIMED = literal(TaskStatus.CLAIMED)
 RUNNING = literal(TaskStatus.RUNNING)
 ACTIVE = literals(ACTIVE_STATUSES)  # 'pending', 'claimed', 'running'
 WAITING = literals(WAITING_STATUSES)  # 'pending', 'claimed': not started yet
-IN_FLIGHT = literals((TaskStatus.CLAIMED, TaskStatus.RUNNING))  # a supervisor's: what its death leaves
+IN_FLIGHT = literals(IN_FLIGHT_STATUSES)  # a supervisor's: what its death leaves
