@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 from daemon import paths
 from daemon.errors import DatabaseUnusable  # noqa: F401 (re-exported: this module's errors live in the catalogue)
@@ -67,6 +67,18 @@ def after(deferred: Deferred, sql: str) -> None:
     head = sql.lstrip()[:11].upper()
     if head.startswith(("COMMIT", "END", "ROLLBACK")) and not head.startswith("ROLLBACK TO"):
         deferred.discard()
+
+
+def execute_later(conn: object, sql: str, params: Sequence[Any] = ()) -> None:
+    """Run a write whose result nobody reads, in the caller's transaction: at once on SQLite (no
+    round trip to save), with the next statement on PostgreSQL (`PostgresConnection.execute_later`).
+    Only for statements that cannot fail but as the whole transaction would (a lost session, a
+    full disk): where such a failure is raised then, it fails what contains it all the same."""
+    later = getattr(conn, "execute_later", None)
+    if later is not None:
+        later(sql, params)
+    else:
+        conn.execute(sql, params)  # type: ignore[attr-defined]
 
 
 class StoreConnection(sqlite3.Connection):

@@ -17,7 +17,7 @@ from typing import Iterable
 from daemon import scheduler
 from daemon.errors import UnknownRun
 from daemon.models import RunCounts, RunStatus, TaskStatus, WorkflowRun
-from daemon.store import backend
+from daemon.store import backend, db
 from daemon.store.db import write
 
 COUNT_COLUMN = {
@@ -217,8 +217,10 @@ def _derived(run: WorkflowRun, counts: RunCounts, now: float) -> tuple[RunStatus
 def _write_status(conn: sqlite3.Connection, run: WorkflowRun, counts: RunCounts, now: float) -> None:
     status, completed_at = _derived(run, counts, now)
     if status is not run.status or completed_at != run.completed_at:
-        conn.execute(
-            "UPDATE workflow_run SET status = ?, completed_at = ? WHERE id = ?",
+        # Nobody reads its result, and the row is locked by the counters' UPDATE already: on
+        # PostgreSQL it goes with the next statement (the COMMIT, mostly), not a round trip of its own.
+        db.execute_later(
+            conn, "UPDATE workflow_run SET status = ?, completed_at = ? WHERE id = ?",
             (status.value, completed_at, run.id),
         )
 

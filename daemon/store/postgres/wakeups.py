@@ -22,7 +22,7 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from daemon.store import backend
+from daemon.store import backend, db
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,7 +47,11 @@ def notify(conn: sqlite3.Connection) -> None:
     if in_transaction and getattr(conn, "wakeup_queued", False):
         return
     # Signed with the sender's supervisor name: its own listener need not wake its own loop.
-    conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, getattr(conn, "notify_sender", "")))
+    statement, params = "SELECT pg_notify(?, ?)", (CHANNEL, getattr(conn, "notify_sender", ""))
+    if in_transaction:
+        db.execute_later(conn, statement, params)  # no round trip of its own: it goes with the next
+    else:
+        conn.execute(statement, params)
     if in_transaction:
         conn.wakeup_queued = True  # type: ignore[attr-defined]  # cleared by the adapter at COMMIT/ROLLBACK
 
