@@ -81,6 +81,16 @@ def execute_later(conn: object, sql: str, params: Sequence[Any] = ()) -> None:
         conn.execute(sql, params)  # type: ignore[attr-defined]
 
 
+def executemany_later(conn: object, sql: str, seq_of_params: Sequence[Sequence[Any]]) -> None:
+    """`execute_later` for each of `seq_of_params` (on SQLite, one `executemany`)."""
+    later = getattr(conn, "execute_later", None)
+    if later is None:
+        conn.executemany(sql, seq_of_params)  # type: ignore[attr-defined]
+        return
+    for params in seq_of_params:
+        later(sql, params)
+
+
 class StoreConnection(sqlite3.Connection):
     """A SQLite connection that holds the store's deferred writes (`Deferred`) until they are due."""
 

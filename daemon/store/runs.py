@@ -41,7 +41,10 @@ def create(conn: sqlite3.Connection, *, template: str, material_id: str | None, 
     here that were never inserted are taken back with `add_tasks` (negative), an empty run with
     `delete_empty`."""
     run_id = str(uuid.uuid4())
-    conn.execute(
+    # Nothing can refuse it but what fails the whole transaction (a fresh uuid, no foreign key),
+    # and its tasks' inserts come next: on PostgreSQL it goes with the first of them.
+    db.execute_later(
+        conn,
         "INSERT INTO workflow_run (id, material_id, template, status, created_at, total_tasks, pending_tasks)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (run_id, material_id, template, RunStatus.PENDING.value, now, tasks, tasks),

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 from daemon import models
 from daemon.errors import InvalidTransition, StaleAttempt, UnknownTask
 from daemon.models import Task, TaskStatus
-from daemon.store import backend, runs, statuses, submissions
+from daemon.store import backend, db, runs, statuses, submissions
 from daemon.store.postgres import claim as postgres_claim
 from daemon.store.postgres import wakeups
 from daemon.store.db import write
@@ -252,7 +252,9 @@ _UNBLOCK = {
 
 
 def _unblock_dependents(conn: sqlite3.Connection, completed_seqs: Sequence[int]) -> None:
-    conn.executemany(_UNBLOCK[backend.of(conn)], [(seq,) for seq in completed_seqs])
+    # Nothing reads what it returns, and what reads the dependents next (the claim) comes after
+    # it on the same connection: on PostgreSQL it goes with that statement, not alone.
+    db.executemany_later(conn, _UNBLOCK[backend.of(conn)], [(seq,) for seq in completed_seqs])
 
 
 def _cascade_cancel(conn: sqlite3.Connection, ended: Sequence[Mapping[str, Any]], now: float) -> None:

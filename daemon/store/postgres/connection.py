@@ -25,11 +25,12 @@ Each statement text is translated once (cached) from the store's dialect to Post
   named `value` too.
 
 Statements whose answer nobody reads (`BEGIN`, `SAVEPOINT`, `RELEASE`, and what `execute_later`
-is given: a NOTIFY, a run's new status) are not sent on their own: they go with the next statement
+is given: a NOTIFY, a new run, a run's new status, a completion's dependents counting one dependency
+less) are not sent on their own: they go with the next statement
 that is, in one pipeline, so one round trip carries them all. A round trip to the server is most
 of what a statement costs (~120-160 us on the 2-core machines here, a prepared one-row SELECT
 included), and a tick's transactions are mostly such bookkeeping: one task's submit, start and
-ending took 22 round trips, and take 12 now (`tests/test_postgres_round_trips.py`).
+ending took 22 round trips, and take 10 now (`tests/test_postgres_round_trips.py`).
 
 What this changes for a caller: nothing it can see. A transaction that ends before anything was
 sent costs no round trip at all; a `SAVEPOINT` released or rolled back to before anything followed
