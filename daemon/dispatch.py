@@ -47,7 +47,7 @@ def prepare(
     try:
         resolved = task
         if task.payload_refs:  # a template's task: only there is "{@0.output}" a placeholder
-            resolved = dataclasses.replace(task, payload=templates.resolve_results(task.payload, task.depends_on, upstream))
+            resolved = task.but(payload=templates.resolve_results(task.payload, task.depends_on, upstream))
     except SubmissionRefused as exc:
         return outcomes.record(conn, settings, task, executor, exc.message, models.PAYLOAD_ERROR, now)
     try:

@@ -11,7 +11,6 @@ A mixin of `daemon.supervisor.Supervisor`, whose loop calls these on its own thr
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
 import structlog
@@ -144,7 +143,7 @@ class Dispatches:
         )
         self._dispatched.append(rt)
         # The executor gets the payload with its references to upstream results filled in.
-        attempt = dataclasses.replace(started, payload=task.payload)
+        attempt = started.but(payload=task.payload)
         self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last, now))
 
     def _hand_over(self: Supervisor, rt: Attempt, attempt: Task, upstream: dict[str, Any], last: bool, now: float) -> None:

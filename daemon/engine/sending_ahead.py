@@ -15,7 +15,6 @@ A mixin of `daemon.supervisor.Supervisor`, whose loop calls these on its own thr
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -151,7 +150,7 @@ class SendsAhead:
         if process.holds_many:
             process.holding += 1  # as `EventLoops.take` counts it: released when it is over
         self._dispatched.append(rt)
-        attempt = dataclasses.replace(sent, payload=prepared.task.payload)
+        attempt = sent.but(payload=prepared.task.payload)
         self._outbox.append(functools.partial(self._hand_over_ahead, rt, attempt, prepared.upstream, follows, now))
         return True
 

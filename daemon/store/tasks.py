@@ -11,7 +11,6 @@ attempt that change no status; `task_reads`, the reads of many tasks.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -457,7 +456,7 @@ def record_sent_ahead(
     if changed != 1:
         raise InvalidTransition(task.id, task.status.value, TaskStatus.CLAIMED.value,
                                 f"task {task.id} is no longer claimed: it cannot be sent ahead")
-    return dataclasses.replace(task, executor_pid=executor_pid, executor_started_at=executor_started_at)
+    return task.but(executor_pid=executor_pid, executor_started_at=executor_started_at)
 
 
 def complete(conn: sqlite3.Connection, task_id: str, result: Any, *, now: float, known: Task | None = None) -> Task:
