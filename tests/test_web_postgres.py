@@ -78,9 +78,13 @@ def test_an_outage_of_the_server_is_ridden_out_by_the_page_and_metrics(
             assert "fredica_tasks" in web.get("/metrics").body.decode()
         task_id = wait_for(lambda: (r := web.post("submit", tasks=[{"type": "ECHO"}])).status == 200
                            and r.json["data"]["tasks"][0]["id"], 20)
-        for event, data in stream:  # the stream opened before both outages goes on: the new row comes
+        # The stream opened before both outages goes on: the new row comes (within a deadline:
+        # the feed's keepalives would otherwise keep a lost row's wait open until CI's own limit).
+        for event, data in stream:
             if task_id in [t["id"] for t in data.get("tasks", [])]:
                 break
+        else:
+            raise AssertionError("the stream ended before the new task came through it")
         stream.close()
         assert web.process is not None and web.process.poll() is None
     finally:

@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import socket
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -128,8 +129,11 @@ class HttpDaemon(Daemon):
             self._http = None
 
 
-def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
-    """The (event, data) pairs of a server-sent event stream of `d`, as they come."""
+def sse_events(d: HttpDaemon, path: str, *, within: float | None = 120.0) -> Iterator[tuple[str, Any]]:
+    """The (event, data) pairs of a server-sent event stream of `d`, as they come. `within`:
+    seconds after which reading on fails the test (AssertionError), keepalives or not: the feed's
+    keepalive comments never end the read of a stream whose awaited event was lost."""
+    deadline = None if within is None else time.monotonic() + within
     conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=20)
     conn.request("GET", path, headers={"Authorization": f"Bearer {d.token}"})
     response = conn.getresponse()
@@ -140,6 +144,7 @@ def sse_events(d: HttpDaemon, path: str) -> Iterator[tuple[str, Any]]:
             line = response.readline()
             if not line:
                 return
+            assert deadline is None or time.monotonic() < deadline, f"{path}: nothing awaited came within {within} s"
             text = line.decode().rstrip("\n")
             if text.startswith("event: "):
                 event = text[len("event: "):]
