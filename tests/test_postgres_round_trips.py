@@ -159,3 +159,30 @@ def test_a_tasks_submit_start_and_ending_in_round_trips(conn: sqlite3.Connection
     ended = trips.count - submitted - begun
     assert (submitted, begun, ended) == (2, 5, 3)
     assert tasks.get(conn, task_id).status.value == "completed"
+
+
+@postgres_only
+@pytest.mark.parametrize("held, undone_by", [
+    ("SAVEPOINT savepointx", "x"),  # once read as the savepoint "x" (the keyword taken from its name)
+    ('SAVEPOINT "B"', '"A"'),  # once read as "" like every quoted name
+])
+def test_a_rollback_to_another_savepoint_is_never_taken_for_a_no_op(
+    conn: sqlite3.Connection, trips: RoundTrips, database: str, held: str, undone_by: str
+) -> None:
+    with db.write(conn):
+        conn.execute(f"SAVEPOINT {undone_by}")
+        conn.execute("INSERT INTO scratch VALUES (1, 'undone')")
+        conn.execute(held)  # held back: nothing follows it
+        conn.execute(f"ROLLBACK TO {undone_by}")  # not "right after its SAVEPOINT": sent
+        conn.execute(f"RELEASE {undone_by}")
+    assert scratch(database) == {}
+
+
+def test_the_savepoint_a_statement_names_is_read_as_the_server_reads_it() -> None:
+    assert postgres._kind("SAVEPOINT undo_on_error") == (postgres.SAVEPOINT, "undo_on_error")
+    assert postgres._kind("RELEASE SAVEPOINT Undo_On_Error") == (postgres.RELEASE, "undo_on_error")
+    assert postgres._kind("ROLLBACK TO undo_on_error") == (postgres.ROLLBACK_TO, "undo_on_error")
+    assert postgres._kind("ROLLBACK TO savepoint") == (postgres.ROLLBACK_TO, "savepoint")
+    assert postgres._kind("SAVEPOINT savepoint1") == (postgres.SAVEPOINT, "savepoint1")
+    assert postgres._kind('RELEASE "A"') == (postgres.RELEASE, "A")
+    assert postgres._kind("ROLLBACK TRANSACTION") == (postgres.ROLLBACK, "")

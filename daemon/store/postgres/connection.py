@@ -112,8 +112,12 @@ def _forgets_wakeup(sql: str) -> bool:
 # What `PostgresConnection.execute` does with a statement (on its translated text): hold it back
 # for the next one, or drop what is held back, or send it.
 BEGIN, SAVEPOINT, RELEASE, ROLLBACK_TO, COMMIT, ROLLBACK, OTHER = range(7)
-_BOOKKEEPING = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE|ROLLBACK\s+TO|COMMIT|END|ROLLBACK|ABORT)\b"
-                          r"(?:\s+SAVEPOINT)?\s*(\w*)", re.IGNORECASE)
+_BOOKKEEPING = re.compile(
+    r"^\s*(BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE|ROLLBACK\s+TO|COMMIT|END|ROLLBACK|ABORT)\b", re.IGNORECASE
+)
+# The savepoint a SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK TO [SAVEPOINT] names: the rest of its
+# text, a name quoted or not (the keyword SAVEPOINT is taken as one only before a name).
+_SAVEPOINT_NAME = re.compile(r'\s+(?:SAVEPOINT\s+(?=\S))?("(?:[^"]|"")+"|[A-Za-z_][\w$]*)\s*;?\s*$', re.IGNORECASE)
 _KINDS = {"BEGIN": BEGIN, "START": BEGIN, "SAVEPOINT": SAVEPOINT, "RELEASE": RELEASE, "ROLLBACK TO": ROLLBACK_TO,
           "COMMIT": COMMIT, "END": COMMIT, "ROLLBACK": ROLLBACK, "ABORT": ROLLBACK}
 
@@ -126,7 +130,14 @@ def _kind(sql: str) -> tuple[int, str]:
         return OTHER, ""
     word = " ".join(match.group(1).upper().split())
     kind = _KINDS["START" if word.startswith("START") else word]
-    return kind, match.group(2).lower() if kind in (SAVEPOINT, RELEASE, ROLLBACK_TO) else ""
+    if kind not in (SAVEPOINT, RELEASE, ROLLBACK_TO):
+        return kind, ""
+    named = _SAVEPOINT_NAME.match(sql, match.end())
+    if named is None or (kind == SAVEPOINT and named.group(0).lstrip().upper().startswith("SAVEPOINT ")):
+        return OTHER, ""  # a name not understood: sent as it is, which is always right
+    name = named.group(1)
+    # As the server reads it: a quoted name as written, any other folded to lower case.
+    return kind, name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
 
 
 def _placeholders(sql: str) -> str:
