@@ -186,3 +186,48 @@ def test_the_savepoint_a_statement_names_is_read_as_the_server_reads_it() -> Non
     assert postgres._kind("SAVEPOINT savepoint1") == (postgres.SAVEPOINT, "savepoint1")
     assert postgres._kind('RELEASE "A"') == (postgres.RELEASE, "A")
     assert postgres._kind("ROLLBACK TRANSACTION") == (postgres.ROLLBACK, "")
+
+
+@postgres_only
+def test_a_held_statements_failure_rolls_the_whole_transaction_back(
+    conn: sqlite3.Connection, trips: RoundTrips, database: str
+) -> None:
+    """Found in review: the failure of a statement held back by a block that has ended came out of
+    the next block's first statement, whose savepoint then never existed; its ROLLBACK TO undid
+    the earlier block instead, and the transaction committed without it, with no error to it."""
+    with pytest.raises(sqlite3.Error, match="division by zero.*can only be rolled back"), db.write(conn):
+        with db.savepoint(conn):
+            conn.execute("INSERT INTO scratch VALUES (1, 'A')")
+            conn.execute_later("SELECT 1/0")  # type: ignore[attr-defined]
+        with pytest.raises(sqlite3.Error), db.savepoint(conn):
+            conn.execute("INSERT INTO scratch VALUES (2, 'B')")
+        conn.execute("INSERT INTO scratch VALUES (3, 'C')")  # refused too: the transaction is doomed
+    assert scratch(database) == {}
+    assert not conn.in_transaction
+    with db.write(conn):  # the connection goes on
+        conn.execute("INSERT INTO scratch VALUES (4, 'D')")
+    assert scratch(database) == {4: "D"}
+
+
+@postgres_only
+def test_the_carriers_own_failure_is_still_its_savepoints_to_undo(conn: sqlite3.Connection, database: str) -> None:
+    with db.write(conn):
+        with db.savepoint(conn):
+            conn.execute("INSERT INTO scratch VALUES (1, 'A')")
+            conn.execute_later("SELECT 1")  # type: ignore[attr-defined]
+        with pytest.raises(sqlite3.IntegrityError), db.savepoint(conn):
+            conn.execute("INSERT INTO scratch VALUES (1, 'again')")  # carries the held ones, fails itself
+        conn.execute("INSERT INTO scratch VALUES (3, 'C')")
+    assert scratch(database) == {1: "A", 3: "C"}
+
+
+@postgres_only
+def test_a_commit_that_rolled_back_is_an_error(conn: sqlite3.Connection, database: str) -> None:
+    """PostgreSQL answers the COMMIT of a transaction an error aborted with a ROLLBACK and no error
+    (seen by the reviewer): a caller that swallowed that error must not think it committed."""
+    with pytest.raises(sqlite3.OperationalError, match="rolled back, not committed"), db.write(conn):
+        conn.execute("INSERT INTO scratch VALUES (1, 'A')")
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO scratch VALUES (1, 'again')")  # no savepoint: the transaction is aborted
+    assert not conn.in_transaction
+    assert scratch(database) == {}

@@ -226,6 +226,23 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Any:
     return lambda values: Row(values, index)
 
 
+def _held_failed(exc: psycopg.Error, raw: psycopg.Connection[Any]) -> sqlite3.Error:
+    """The error that dooms a transaction whose held statement failed (`_pipelined`)."""
+    error = _as_sqlite_error(exc, raw)
+    doomed = type(error)(f"{error} in a statement sent ahead of the next: its transaction can only be rolled back")
+    doomed.sqlstate = getattr(error, "sqlstate", None)  # type: ignore[attr-defined]
+    return doomed
+
+
+def _again(error: sqlite3.Error) -> sqlite3.Error:
+    """A new exception like `error`, for each statement its doomed transaction refuses."""
+    again = type(error)(*error.args)
+    again.sqlstate = getattr(error, "sqlstate", None)  # type: ignore[attr-defined]
+    return again
+
+
+# SQLSTATE in_failed_sql_transaction: what a COMMIT that rolled back says (`_execute`).
+IN_FAILED_TRANSACTION = "25P02"
 # SQLSTATE connection_failure: what an error on a lost connection says when psycopg gives none
 # ("the connection is closed", after the server ended the session).
 CONNECTION_LOST = "08006"
@@ -274,6 +291,8 @@ class PostgresConnection:
         # the server knows of no transaction yet.
         self._unsent: list[tuple[str, Sequence[Any] | dict[str, Any], int, str]] = []
         self._begin_unsent = False
+        # The failure of a held statement, which dooms its transaction (`_pipelined`).
+        self._doomed: sqlite3.Error | None = None
 
     @property
     def in_transaction(self) -> bool:
@@ -288,6 +307,7 @@ class PostgresConnection:
         """A new session in place of this one; a `CONNECTION_LOST` OperationalError while the
         server cannot be reached."""
         self._forget_unsent()  # they belonged to the session that is gone
+        self._doomed = None
         with contextlib.suppress(psycopg.Error):
             self.raw.close()
         try:
@@ -320,6 +340,10 @@ class PostgresConnection:
     def _execute(self, text: str, params: Sequence[Any] | dict[str, Any]) -> Any:
         """`text` sent, or held back, or dropped with what it undoes (the module docstring)."""
         kind, name = _kind(text)
+        if self._doomed is not None:
+            if kind != ROLLBACK:
+                raise _again(self._doomed)
+            self._doomed = None
         unsent = self._unsent
         if kind == OTHER:
             return self._send(text, params)
@@ -343,19 +367,47 @@ class PostgresConnection:
             self._forget_unsent()
             if begun_here:
                 return _NOTHING
-        return self._send(text, params)
+        cursor = self._send(text, params)
+        if kind == COMMIT and cursor.statusmessage == "ROLLBACK":
+            # A COMMIT of a transaction an error aborted rolls it back without an error of its own
+            # (PostgreSQL's way; SQLite's transaction would have gone on): the caller must not
+            # take it for committed.
+            error = sqlite3.OperationalError(
+                "the transaction was rolled back, not committed: one of its statements had failed (SQLSTATE 25P02)"
+            )
+            error.sqlstate = IN_FAILED_TRANSACTION  # type: ignore[attr-defined]
+            raise error
+        return cursor
 
     def _send(self, text: str, params: Sequence[Any] | dict[str, Any]) -> Any:
         if not self._unsent:
             return self.raw.execute(text, params)
+        return self._pipelined(lambda: self.raw.execute(text, params))
+
+    def _pipelined(self, carrier: Callable[[], Any]) -> Any:
+        """The held statements and then `carrier`'s in one pipeline: they go out together, and the
+        answers come back together; the first error among them is raised at its end.
+
+        An error of a held statement is not the carrier's, nor that of the savepoint the carrier
+        runs in: the held one belonged to a block that has ended already (a RELEASE held after it),
+        and a ROLLBACK TO the carrier's savepoint, which then never began, would undo that earlier
+        block, and let the transaction commit without it. So it dooms the transaction: every
+        statement but a ROLLBACK raises it again, and the caller's `db.write` rolls it all back.
+        """
         unsent = self._unsent
         self._forget_unsent()
-        # One pipeline: the held statements and this one go out together, and the answers come
-        # back together; the first error among them is raised at its end.
-        with self.raw.pipeline():
-            for held, held_params, _, _ in unsent:
-                self.raw.execute(held, held_params)
-            cursor = self.raw.execute(text, params)
+        answers: list[Any] = []
+        try:
+            with self.raw.pipeline():
+                for held, held_params, _, _ in unsent:
+                    answers.append(self.raw.execute(held, held_params))
+                cursor = carrier()
+        except psycopg.Error as exc:
+            # The statements before the one that failed have their results, and none after it do.
+            if len(answers) < len(unsent) or any(answer.pgresult is None for answer in answers):
+                self._doomed = _held_failed(exc, self.raw)
+                raise _again(self._doomed) from exc
+            raise
         return cursor
 
     def _forget_unsent(self) -> None:
@@ -366,14 +418,12 @@ class PostgresConnection:
         deferred = self.deferred
         if deferred is not None and deferred.pending:
             db.before(self, deferred, sql)
+        if self._doomed is not None:
+            raise _again(self._doomed)
         try:
-            unsent = self._unsent
-            self._forget_unsent()
             cursor = self.raw.cursor()
-            with self.raw.pipeline():  # as psycopg's executemany runs anyway: the held ones first
-                for held, held_params, _, _ in unsent:
-                    self.raw.execute(held, held_params)
-                cursor.executemany(translate(sql), list(seq_of_params))
+            # In a pipeline, as psycopg's executemany runs anyway: the held statements first.
+            self._pipelined(lambda: cursor.executemany(translate(sql), list(seq_of_params)))
         except psycopg.Error as exc:
             raise _as_sqlite_error(exc, self.raw) from exc
         return cursor
@@ -385,6 +435,8 @@ class PostgresConnection:
             psycopg.sql.Identifier(table), psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, columns))
         )
         written = 0
+        if self._doomed is not None:
+            raise _again(self._doomed)
         try:
             if self._unsent:  # a COPY cannot go in a pipeline: the held statements go first
                 self._send("SELECT 1", ())
@@ -398,6 +450,7 @@ class PostgresConnection:
 
     def close(self) -> None:
         self._forget_unsent()
+        self._doomed = None
         self.raw.close()
 
     def __enter__(self) -> "PostgresConnection":
