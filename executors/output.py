@@ -27,6 +27,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 # How much of its own output the process writes between two looks at the log's size, at most
 # (what the commands it started write straight to the fds is seen at the next look).
 CHECK_EVERY = 1024 * 1024
+# The most of a line not ended yet an event-loop attempt's log holds back (`AttemptLog.write`).
+PARTIAL_LINE_MAX = 8192
 
 
 class AttemptOutput:
@@ -221,10 +223,11 @@ class AttemptLog:
         """Append `text` (nothing once closed, or if the log's disk is full: the result still goes)."""
         if self.closed:
             return
-        if "\n" not in text:  # no line ended: it waits for the rest of its line
-            self._partial += text
+        if "\n" not in text and "\r" not in text and len(self._partial) + len(text) < PARTIAL_LINE_MAX:
+            self._partial += text  # no line ended: it waits for the rest of its line
             return
-        # All of it, as a line-buffered stream flushes: what follows the last newline too.
+        # All of it, as a line-buffered stream flushes (at a carriage return too: a progress bar
+        # that redraws one line never ends it), or as its buffer would once full.
         whole, self._partial = self._partial + text, ""
         self._write(whole)
 
@@ -258,7 +261,7 @@ class AttemptLog:
         if self.closed:
             return
         for logger in self._loggers:
-            logger.removeHandler(self.handler)
+            logger.removeHandler(self._handler)  # type: ignore[arg-type]  # made with the first logger
         self.flush()
         self.closed = True
         os.close(self._fd)

@@ -9,7 +9,7 @@ import tracemalloc
 from pathlib import Path
 
 from daemon.models import TaskStatus
-from executors.output import AttemptLog
+from executors.output import PARTIAL_LINE_MAX, AttemptLog
 from tests.conftest import make_task
 
 
@@ -68,3 +68,18 @@ def test_an_attempts_log_costs_little_memory(tmp_path: Path) -> None:
         for log in logs:
             log.close()
     assert per_log < 1024, f"{per_log:.0f} bytes a log"
+
+
+def test_a_line_that_never_ends_is_neither_held_for_ever_nor_let_grow(tmp_path: Path) -> None:
+    """A progress bar redraws one line with carriage returns and never ends it: it is written at
+    each one, and a long run of text with no end is written once it passes the bound."""
+    path = tmp_path / "t.log"
+    log = AttemptLog(str(path), 64 * 1024)
+    for percent in range(0, 101, 10):
+        log.write(f"\r{percent:3d}%")
+    assert path.read_bytes().endswith(b"\r100%")
+    for _ in range(3000):
+        log.write("x" * 100)  # 300 KB with no end: written as it comes, and kept within the limit
+    assert len(log._partial) < PARTIAL_LINE_MAX
+    log.close()
+    assert path.stat().st_size <= 64 * 1024

@@ -34,8 +34,9 @@ ending took 22 round trips, and take 10 now (`tests/test_postgres_round_trips.py
 
 What this changes for a caller: nothing it can see. A transaction that ends before anything was
 sent costs no round trip at all; a `SAVEPOINT` released or rolled back to before anything followed
-it is dropped; an error in a statement sent with held ones is raised by that statement, as before
-(a failing `BEGIN` or `SAVEPOINT`, which only a lost session makes, by the statement that carried it).
+it is dropped; an error in the statement that carried held ones is raised by it, as before. An
+error of a held statement (only a lost session, or what fails the whole transaction, can make
+one) dooms its transaction: every statement but a ROLLBACK raises it (`_pipelined`).
 
 Errors come out as the `sqlite3` exception classes the store already catches (both are DB-API 2
 hierarchies): an `IntegrityError` on a unique index means the same on both backends. Each keeps
@@ -99,16 +100,6 @@ def _rewritten(sql: str) -> str:
     return _JSON_EACH.sub("json_array_elements_text(?::json)", sql)
 
 
-_FORGETS_WAKEUP = re.compile(r"^\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT)\b", re.IGNORECASE)
-
-
-@functools.lru_cache(maxsize=256)
-def _forgets_wakeup(sql: str) -> bool:
-    """Whether a statement ends the life of a NOTIFY queued before it: the transaction's start
-    or end, or a rollback to a savepoint (`ROLLBACK TO`), which takes back what followed it."""
-    return _FORGETS_WAKEUP.match(sql) is not None
-
-
 # What `PostgresConnection.execute` does with a statement (on its translated text): hold it back
 # for the next one, or drop what is held back, or send it.
 BEGIN, SAVEPOINT, RELEASE, ROLLBACK_TO, COMMIT, ROLLBACK, OTHER = range(7)
@@ -118,6 +109,9 @@ _BOOKKEEPING = re.compile(
 # The savepoint a SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK TO [SAVEPOINT] names: the rest of its
 # text, a name quoted or not (the keyword SAVEPOINT is taken as one only before a name).
 _SAVEPOINT_NAME = re.compile(r'\s+(?:SAVEPOINT\s+(?=\S))?("(?:[^"]|"")+"|[A-Za-z_][\w$]*)\s*;?\s*$', re.IGNORECASE)
+# The statements that end the life of a NOTIFY queued before them: the transaction's start or end,
+# or a rollback to a savepoint, which takes back what followed it.
+_FORGETS_WAKEUP = frozenset((BEGIN, COMMIT, ROLLBACK, ROLLBACK_TO))
 _KINDS = {"BEGIN": BEGIN, "START": BEGIN, "SAVEPOINT": SAVEPOINT, "RELEASE": RELEASE, "ROLLBACK TO": ROLLBACK_TO,
           "COMMIT": COMMIT, "END": COMMIT, "ROLLBACK": ROLLBACK, "ABORT": ROLLBACK}
 
@@ -134,7 +128,9 @@ def _kind(sql: str) -> tuple[int, str]:
         return kind, ""
     named = _SAVEPOINT_NAME.match(sql, match.end())
     if named is None or (kind == SAVEPOINT and named.group(0).lstrip().upper().startswith("SAVEPOINT ")):
-        return OTHER, ""  # a name not understood: sent as it is, which is always right
+        # A name not understood: a SAVEPOINT sent as it is, which is always right; a RELEASE or
+        # ROLLBACK TO keeps its kind (a ROLLBACK TO still forgets a NOTIFY) but matches no held one.
+        return (OTHER, "") if kind == SAVEPOINT else (kind, "")
     name = named.group(1)
     # As the server reads it: a quoted name as written, any other folded to lower case.
     return kind, name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
@@ -319,13 +315,14 @@ class PostgresConnection:
         deferred = self.deferred
         if deferred is not None and deferred.pending:
             db.before(self, deferred, sql)
-        if self.wakeup_queued and _forgets_wakeup(sql):
-            self.wakeup_queued = False
         text = translate(sql)
+        kind, name = _kind(text)
+        if self.wakeup_queued and kind in _FORGETS_WAKEUP:
+            self.wakeup_queued = False
         try:
             # Parameters always given, if none: psycopg then reads the text's `%%` as the `%` it
             # stands for (`translate` doubles every one), where with None it sends `%%` as it is.
-            cursor = self._execute(text, params)
+            cursor = self._execute(text, params, kind, name)
         except psycopg.Error as exc:
             raise _as_sqlite_error(exc, self.raw) from exc
         if deferred is not None and deferred.pending:
@@ -337,9 +334,9 @@ class PostgresConnection:
         in the same transaction, and in the same round trip."""
         self._unsent.append((translate(sql), params, OTHER, ""))
 
-    def _execute(self, text: str, params: Sequence[Any] | dict[str, Any]) -> Any:
-        """`text` sent, or held back, or dropped with what it undoes (the module docstring)."""
-        kind, name = _kind(text)
+    def _execute(self, text: str, params: Sequence[Any] | dict[str, Any], kind: int, name: str) -> Any:
+        """`text` (of `kind`, naming savepoint `name`) sent, or held back, or dropped with what it
+        undoes (the module docstring)."""
         if self._doomed is not None:
             if kind != ROLLBACK:
                 raise _again(self._doomed)
@@ -439,7 +436,7 @@ class PostgresConnection:
             raise _again(self._doomed)
         try:
             if self._unsent:  # a COPY cannot go in a pipeline: the held statements go first
-                self._send("SELECT 1", ())
+                self._pipelined(lambda: None)
             with self.raw.cursor() as cursor, cursor.copy(statement) as copy:
                 for row in rows:
                     copy.write_row(row)

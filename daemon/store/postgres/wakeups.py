@@ -48,12 +48,11 @@ def notify(conn: sqlite3.Connection) -> None:
         return
     # Signed with the sender's supervisor name: its own listener need not wake its own loop.
     statement, params = "SELECT pg_notify(?, ?)", (CHANNEL, getattr(conn, "notify_sender", ""))
-    if in_transaction:
-        db.execute_later(conn, statement, params)  # no round trip of its own: it goes with the next
-    else:
+    if not in_transaction:
         conn.execute(statement, params)
-    if in_transaction:
-        conn.wakeup_queued = True  # type: ignore[attr-defined]  # cleared by the adapter at COMMIT/ROLLBACK
+        return
+    db.execute_later(conn, statement, params)  # no round trip of its own: it goes with the next
+    conn.wakeup_queued = True  # type: ignore[attr-defined]  # cleared by the adapter at COMMIT/ROLLBACK
 
 
 class Listener:
