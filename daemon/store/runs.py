@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 import sqlite3
 import uuid
@@ -31,6 +32,14 @@ COUNT_COLUMN = {
 NON_TERMINAL_RUN_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 
 _NAMES_RUNS = re.compile(r"\bworkflow_run\b")
+
+
+@functools.lru_cache(maxsize=1024)
+def _names_runs(sql: str) -> bool:
+    """Whether `sql` reads or changes the runs' table (cached: a few dozen statements, each run
+    thousands of times a second in a burst)."""
+    return _NAMES_RUNS.search(sql) is not None
+
 # A shift of `count` tasks of one run from one status to another.
 Shift = tuple[str, TaskStatus, TaskStatus]
 
@@ -142,7 +151,7 @@ class DeferredShifts:
     def needs_flush(self, sql: str) -> bool:
         # Reads a run, or changes one: it must see every move so far (a task's `workflow_run_id`
         # column is not the table).
-        return _NAMES_RUNS.search(sql) is not None
+        return _names_runs(sql)
 
     def flush(self, conn: object) -> None:
         batches = self._log[self._flushed:]
