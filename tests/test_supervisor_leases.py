@@ -16,8 +16,8 @@ from daemon import leases, models
 from daemon.config import Settings
 from daemon.errors import AlreadyRunning, InvalidTransition, StaleAttempt
 from daemon.models import TaskStatus as S
-from daemon.store import attempts, cancels, restarts, supervisors, tasks, waiting
-from daemon.submission import TaskSpec
+from daemon.store import attempts, cancels, restarts, runs, supervisors, tasks, waiting
+from daemon.submission import TaskSpec, parse_spec
 from tests.conftest import wait_for
 from tests.conformance import conn  # noqa: F401 (every test on every backend)
 
@@ -86,6 +86,70 @@ def test_a_late_start_of_a_rescued_claim_changes_nothing_of_the_new_claim(conn: 
         tasks.start(conn, task_id, now=T0 + 3, known=stale, executor_pid=4242)
     assert row(conn, task_id) == before
     assert tasks.start(conn, task_id, now=T0 + 3, known=current).status is S.RUNNING
+
+
+def test_a_start_of_many_moves_the_current_claims_and_leaves_a_rescued_one_unchanged(
+    conn: sqlite3.Connection,
+) -> None:
+    ids = submit(conn, 3)
+    register(conn, "alpha", lease=SHORT)
+    (stale,) = claim(conn, "alpha")
+    expire(conn, "alpha")
+    assert supervisors.rescue(conn, "alpha", now=T0 + 2, session_id="s1") is not None
+    claims = {task.id: task for task in claim(conn, "beta", 3)}
+    before = row(conn, stale.id)
+    starts = [tasks.Start(stale, 4242, 1.0, False)] + [
+        tasks.Start(task, 5000 + n, 2.0, n == 0) for n, task in enumerate(claims.values())
+    ]
+    started = tasks.start_many(conn, starts, now=T0 + 3)
+    # The rescued claim's attempt is beta's now (claimed again): alpha's start of it is left out.
+    assert sorted(started) == sorted(ids) and started[stale.id].executor_pid != 4242
+    assert row(conn, stale.id) != before  # beta's start of it went through
+    for n, task_id in enumerate(claims):
+        assert started[task_id].status is S.RUNNING and started[task_id].executor_pid == 5000 + n
+        assert started[task_id].is_pausable is (n == 0) and started[task_id].started_at == T0 + 3
+    run = runs.get(conn, claims[ids[0]].workflow_run_id)
+    assert run.counts == runs.counts_from_tasks(conn, run.id)  # moved for the rows moved only
+    # A task started already is left out too, unchanged.
+    again = tasks.start_many(conn, [tasks.Start(claims[ids[1]], 1, 1.0, False)], now=T0 + 4)
+    assert again == {} and tasks.get(conn, ids[1]).executor_pid == 5001
+
+
+def test_a_completion_of_many_stores_each_result_and_unblocks_the_dependents(conn: sqlite3.Connection) -> None:
+    specs = [parse_spec({"type": "A", "key": f"a{n}"}) for n in range(3)]
+    specs.append(parse_spec({"type": "DOWN", "depends_on": ["a0", "a2"]}))
+    sub = tasks.submit(conn, specs, now=T0)
+    *heads, dependent = (t.id for t in sub.tasks)
+    claims = claim(conn, "alpha", 3)
+    running = tasks.start_many(conn, [tasks.Start(t, 10, 1.0, False) for t in claims], now=T0 + 2)
+    results = {heads[0]: {"n": 0}, heads[1]: None, heads[2]: [1, "two"]}
+    tasks.complete_many(conn, [(running[i], results[i]) for i in heads], now=T0 + 3)
+    for task_id in heads:
+        done = tasks.get(conn, task_id)
+        assert (done.status, done.result, done.completed_at, done.progress) == (S.COMPLETED, results[task_id], T0 + 3, 100)
+    assert tasks.get(conn, dependent).status is S.PENDING  # both its dependencies met
+    (next_up,) = claim(conn, "alpha")
+    assert next_up.id == dependent
+    run = runs.get(conn, next_up.workflow_run_id)
+    assert run.counts == runs.counts_from_tasks(conn, run.id)
+
+
+def test_a_completion_of_many_with_one_rescued_attempt_changes_nothing(conn: sqlite3.Connection) -> None:
+    submit(conn, 2)
+    register(conn, "alpha", lease=SHORT)
+    (stale,) = claim(conn, "alpha")
+    (current,) = claim(conn, "beta")
+    running = tasks.start_many(conn, [tasks.Start(t, 10, 1.0, False) for t in (stale, current)], now=T0 + 2)
+    expire(conn, "alpha")
+    assert supervisors.rescue(conn, "alpha", now=T0 + 3, session_id="s1") is not None
+    assert tasks.get(conn, stale.id).status is not S.RUNNING
+    before = {task_id: row(conn, task_id) for task_id in running}
+    # All or nothing: beta's attempt, still current, is not completed with alpha's stale one.
+    with pytest.raises(InvalidTransition):
+        tasks.complete_many(conn, [(task, {"ok": 1}) for task in running.values()], now=T0 + 4)
+    assert {task_id: row(conn, task_id) for task_id in running} == before
+    assert tasks.complete_many(conn, [(running[current.id], {"ok": 1})], now=T0 + 4) is None
+    assert tasks.get(conn, current.id).status is S.COMPLETED
 
 
 def test_late_writes_of_a_replaced_attempt_are_refused_and_the_new_attempt_keeps_its_own(

@@ -118,6 +118,9 @@ def _transition(
     cascade: bool = True,
     snapshots: bool = True,
     fence: AttemptRef | None = None,
+    partial: bool = False,
+    each: Sequence[Mapping[str, Any]] | None = None,
+    fences: Sequence[AttemptRef] | None = None,
 ) -> list[Task]:
     """Move the given task rows (seq, id, status, workflow_run_id) to `target`; all or nothing.
 
@@ -127,9 +130,18 @@ def _transition(
     read back and parse every row it just wrote). `fence` (one row): the UPDATE also re-checks
     that the row is at that attempt, else StaleAttempt. A claim names its supervisor in
     `fields` and counts one more attempt.
+
+    `partial`: the rows that changed since they were read, or whose attempt is not `fence`'s (which
+    then names the supervisor and attempt of every row, its task id aside), are left as they are
+    instead, and the tasks returned are the ones moved. For many attempts started at once, whose
+    caller moves the rows left out one by one to learn why.
+
+    `each` (with `snapshots=False`): what differs from row to row (a result), one mapping of the
+    same fields per row, and `fences` the attempt of each row: one statement run for every row
+    (`executemany`), all or nothing as ever. For many attempts ended at once.
     """
     fields = dict(fields or {})
-    unexpected = set(fields) - TRANSITION_FIELDS
+    unexpected = set(fields).union(*(each or ())) - TRANSITION_FIELDS
     if unexpected:
         raise ValueError(f"a transition cannot set {sorted(unexpected)}")
     sources = models.sources_of(target)
@@ -161,9 +173,18 @@ def _transition(
             assignments["progress"] = 100
     if "result" in assignments and assignments["result"] is not None:
         assignments["result"] = _result_json(assignments["result"])
+    if each is not None:
+        assert not snapshots and not partial and fence is None and len(each) == len(rows)
+        assert fences is None or len(fences) == len(rows)
+        each = [{**one, "result": _result_json(one["result"])} if one.get("result") is not None else one
+                for one in each]
+        assignments.update(dict.fromkeys(each[0] if each else ()))  # named in the SET; given per row
 
     set_sql = ", ".join([f"{col} = :{col}" for col in assignments] + [f"{c} = {e}" for c, e in raw.items()])
     seqs = [row["seq"] for row in rows]
+    if each is not None:
+        _update_each(conn, rows, each, fences, set_sql, {**assignments, "now": now}, target)
+        return _consequences(conn, rows, seqs, target, now=now, cascade=cascade, updated=[])
     # Each row must still be in the status it was read in, which the run counters move by: a
     # caller's snapshot may be stale, and on PostgreSQL another connection may have moved it since
     # (SQLite's writers cannot interleave). So one guarded UPDATE per status read (and per 500).
@@ -173,8 +194,9 @@ def _transition(
     chunks = [(status, group[i : i + 500]) for status, group in read_in.items() for i in range(0, len(group), 500)]
     params = {**assignments, "now": now}
     fenced = ""
+    assert snapshots or not partial, "a partial transition returns what it moved"
     if fence is not None:
-        assert len(rows) == 1, "an attempt's fence names one task"
+        assert partial or len(rows) == 1, "an attempt's fence names one task"
         fenced = f" AND {_FENCE}"
         params.update(fence_supervisor=fence.supervisor or "", fence_attempt=fence.attempt)
     updated: list[Task] = []
@@ -193,7 +215,13 @@ def _transition(
             changed += len(batch)
         else:
             changed += cursor.rowcount
-    if changed != len(rows):
+    if partial and changed != len(rows):
+        moved = {task.seq for task in updated}
+        rows = [row for row in rows if row["seq"] in moved]
+        seqs = [row["seq"] for row in rows]
+        if not rows:
+            return []
+    elif changed != len(rows):
         # The guard caught a row whose status moved since it was read: undo by failing the caller's
         # transaction (every caller runs inside `write`).
         if fence is not None:
@@ -201,6 +229,35 @@ def _transition(
         raise InvalidTransition(rows[0]["id"], str(rows[0]["status"]), target.value,
                                 "a task changed status while it was being updated")
 
+    return _consequences(conn, rows, seqs, target, now=now, cascade=cascade, updated=updated)
+
+
+def _update_each(
+    conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], each: Sequence[Mapping[str, Any]],
+    fences: Sequence[AttemptRef] | None, set_sql: str, params: Mapping[str, Any], target: TaskStatus,
+) -> None:
+    """`_transition`'s UPDATE with fields of each row's own: one statement, run once per row, each
+    guarded by the status its row was read in (and its attempt). InvalidTransition, to undo the
+    caller's transaction, if any row had moved: the rows one by one then say which, and why."""
+    fenced = f" AND {_FENCE}" if fences is not None else ""
+    per_row = []
+    for n, (row, own) in enumerate(zip(rows, each)):
+        one = {**params, **own, "seq": row["seq"], "was": row["status"]}
+        if fences is not None:
+            one.update(fence_supervisor=fences[n].supervisor or "", fence_attempt=fences[n].attempt)
+        per_row.append(one)
+    cursor = conn.executemany(f"UPDATE task SET {set_sql} WHERE seq = :seq AND status = :was{fenced}", per_row)
+    if cursor.rowcount != len(rows):
+        raise InvalidTransition(rows[0]["id"], str(rows[0]["status"]), target.value,
+                                "a task changed status or attempt while it was being updated")
+
+
+def _consequences(
+    conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]], seqs: list[int], target: TaskStatus, *,
+    now: float, cascade: bool, updated: list[Task],
+) -> list[Task]:
+    """What follows a transition of `rows` to `target`: their runs' counters move, dependents are
+    unblocked or cancelled, other supervisors are woken. Returns `updated`."""
     runs.shift_counts(
         conn, [(row["workflow_run_id"], TaskStatus(row["status"]), target) for row in rows], now
     )
@@ -440,6 +497,59 @@ def start(
         executor_started_at=executor_started_at,
         is_pausable=int(is_pausable),
     )
+
+
+class Start(NamedTuple):
+    """A claimed task to start (`start_many`): the claim's snapshot, and the process given it."""
+
+    task: Task
+    executor_pid: int | None
+    executor_started_at: float | None
+    is_pausable: bool
+
+
+def start_many(conn: sqlite3.Connection, starts: Sequence[Start], *, now: float) -> dict[str, Task]:
+    """claimed → running for many claimed tasks, each fenced to the attempt its snapshot names:
+    the started tasks by id. One guarded UPDATE for the tasks given one process (an event-loop
+    process takes hundreds in a tick), where `start` costs one each. A task whose row moved on
+    since its snapshot (no longer claimed, or at another attempt) is left out, unchanged: `start`
+    of it alone says why."""
+    groups: dict[tuple[int | None, float | None, bool, str | None, int], list[Task]] = {}
+    for entry in starts:
+        task = entry.task
+        key = (entry.executor_pid, entry.executor_started_at, bool(entry.is_pausable), task.supervisor, task.attempt)
+        groups.setdefault(key, []).append(task)
+    started: dict[str, Task] = {}
+    with write(conn):
+        for (pid, pid_started, pausable, supervisor, attempt), group in groups.items():
+            rows = [{"seq": task.seq, "id": task.id, "status": task.status.value,
+                     "workflow_run_id": task.workflow_run_id} for task in group]
+            moved = _transition(
+                conn, rows, TaskStatus.RUNNING, now=now, partial=True,
+                fence=AttemptRef(group[0].id, supervisor, attempt),
+                fields={"executor_pid": pid, "executor_started_at": pid_started, "is_pausable": int(pausable)},
+            )
+            started.update((task.id, task) for task in moved)
+    return started
+
+
+def complete_many(
+    conn: sqlite3.Connection, completions: Sequence[tuple[Task, Any]], *, now: float
+) -> None:
+    """running → completed for many attempts that ended at `now`, each with its result, each
+    fenced to the attempt its snapshot names: one statement run once per row, where `complete`
+    costs a transition each. InvalidTransition, with nothing changed, if any row moved on
+    (`complete` of each alone then says which)."""
+    if not completions:
+        return
+    rows = [{"seq": task.seq, "id": task.id, "status": task.status.value, "workflow_run_id": task.workflow_run_id}
+            for task, _ in completions]
+    with write(conn):
+        _transition(
+            conn, rows, TaskStatus.COMPLETED, now=now, snapshots=False, fields={"error": None, "error_type": None},
+            each=[{"result": result} for _, result in completions],
+            fences=[AttemptRef.of(task) for task, _ in completions],
+        )
 
 
 def record_sent_ahead(
