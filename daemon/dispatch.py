@@ -15,7 +15,7 @@ from daemon import models, outcomes, templates
 from daemon.config import Settings
 from daemon.models import Task
 from daemon.outcomes import Recorded
-from daemon.store import task_reads, tasks
+from daemon.store import db, task_reads, tasks
 from daemon.submission import SubmissionRefused
 from executors.base import TaskExecutor
 from executors.registry import Registry
@@ -37,27 +37,31 @@ def prepare(
     conn: sqlite3.Connection, settings: Settings, registry: Registry, task: Task, now: float
 ) -> Prepared | Recorded:
     """The claimed `task`, ready to run, or how it ended at once (recorded as any outcome is:
-    these errors are never retried, and the executor's on_task_failed runs after the commit)."""
+    these errors are never retried, and the executor's on_task_failed runs after the commit).
+    Only reads, but where it ends the task: each such write is undone whole if it fails."""
     bound = log.bind(task_id=task.id, run_id=task.workflow_run_id, type=task.type)
     executor = registry.get(task.type)
     if executor is None:
         error = f"no executor is registered for type {task.type}"
-        return outcomes.record(conn, settings, task, None, error, models.NO_EXECUTOR, now)
+        with db.savepoint(conn):
+            return outcomes.record(conn, settings, task, None, error, models.NO_EXECUTOR, now)
     upstream = task_reads.results_of(conn, task.depends_on)
     try:
         resolved = task
         if task.payload_refs:  # a template's task: only there is "{@0.output}" a placeholder
             resolved = task.but(payload=templates.resolve_results(task.payload, task.depends_on, upstream))
     except SubmissionRefused as exc:
-        return outcomes.record(conn, settings, task, executor, exc.message, models.PAYLOAD_ERROR, now)
+        with db.savepoint(conn):
+            return outcomes.record(conn, settings, task, executor, exc.message, models.PAYLOAD_ERROR, now)
     try:
         skip = bool(executor.can_skip(resolved))
     except (Exception, SystemExit):  # executor code: even sys.exit() must not end the loop
         bound.exception("can_skip_failed")  # then it runs: the executor itself reports what is wrong
         skip = False
     if skip:
-        tasks.complete(conn, task.id, {**_skipped_fields(executor, resolved, bound), "skipped": True}, now=now,
-                       known=task)
+        result = {**_skipped_fields(executor, resolved, bound), "skipped": True}
+        with db.savepoint(conn):
+            tasks.complete(conn, task.id, result, now=now, known=task)
         bound.info("task_skipped")
         return Recorded(models.TaskStatus.COMPLETED)
     return Prepared(resolved, executor, upstream)

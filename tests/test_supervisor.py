@@ -716,11 +716,27 @@ def test_a_dispatch_that_cannot_record_its_start_crashes_the_attempt_and_keeps_t
 ) -> None:
     sup = make_supervisor(max_workers=1)
     spare = wait_for(lambda: sup.call(lambda: list(sup.idle)))[0]
+    # The claim's start of all its tasks fails, and so does the start of this one alone.
+    fail_first_call(monkeypatch, tasks, "start_many", sqlite3.OperationalError("disk I/O error"))
     fail_first_call(monkeypatch, tasks, "start", sqlite3.OperationalError("disk I/O error"))
     task = wait_ended(sup, submit(sup, "ECHO", max_retries=0))
     assert task.status is TaskStatus.FAILED and task.error_type == models.CRASHED
     assert spare in sup.call(lambda: list(sup.idle)) and spare.attempts == 0  # given nothing, kept
     assert wait_ended(sup, submit(sup, "ECHO")).status is TaskStatus.COMPLETED
+
+
+def test_a_claim_whose_start_together_fails_starts_each_of_its_tasks_alone(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = make_supervisor(max_workers=1)
+    calls = fail_first_call(monkeypatch, tasks, "start_many", sqlite3.OperationalError("disk I/O error"))
+    started_alone: list[str] = []
+    start = tasks.start
+    monkeypatch.setattr(tasks, "start", lambda conn, task_id, **kw: started_alone.append(task_id) or start(conn, task_id, **kw))
+    task_id = submit(sup, "ECHO")
+    task = wait_ended(sup, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.retry_count == 0
+    assert calls == ["start_many"] and started_alone == [task_id]
 
 
 def test_a_task_that_cannot_be_handed_over_crashes_its_attempt(

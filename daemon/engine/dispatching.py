@@ -11,7 +11,7 @@ A mixin of `daemon.supervisor.Supervisor`, whose loop calls these on its own thr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import structlog
 
@@ -34,6 +34,21 @@ log = structlog.get_logger("fredica.supervisor")
 # one tick would start none for seconds and leave every client waiting as long. The next tick
 # follows at once while more are claimable.
 CLAIMS_PER_TICK = 256
+
+
+class _Chosen(NamedTuple):
+    """A claimed task prepared to run, and the process given it (not yet told)."""
+
+    task: Task  # the claim's snapshot
+    prepared: dispatch.Prepared
+    process: executor_processes.ExecutorProcess
+    pid: int | None  # the process that runs the attempt, as recorded (a launcher's fork)
+    pid_started: float | None
+    last: bool  # its process's last attempt (tasks_per_process)
+
+    @property
+    def executor(self) -> Any:
+        return self.prepared.executor
 
 
 class Dispatches:
@@ -77,8 +92,7 @@ class Dispatches:
                 budget[queue] -= len(batch)
                 promote = False
                 running_before = len(self.running)
-                for task in batch:
-                    self._dispatch_claimed(task, now)
+                self._dispatch_batch(batch, now)
                 # A task that ended at once (skipped, no executor, failed dispatch) may have made
                 # its dependents ready, in any queue: another pass claims them. They come after
                 # the rest of this batch, whatever their priority: they were not ready when it
@@ -89,62 +103,121 @@ class Dispatches:
                     self._claims_left = True
 
     def _dispatch_claimed(self: Supervisor, task: Task, now: float) -> None:
+        self._dispatch_batch([task], now)
+
+    def _dispatch_batch(self: Supervisor, batch: Sequence[Task], now: float) -> None:
+        """Start each claimed task of `batch` in its executor process, in the claim's order.
+
+        Each task is prepared and given its process, then all are started in one write: one
+        guarded UPDATE per process (`tasks.start_many`). An event-loop process takes a whole
+        claim of hundreds in a tick, which cost as many UPDATEs, each in a savepoint of its own.
+        """
+        chosen: list[_Chosen] = []
         try:
-            with db.savepoint(self.conn):  # a dispatch that fails half-way is undone whole
-                self._dispatch(task, now)
+            for task in batch:
+                pick = self._choose(task, now)
+                if pick is not None:
+                    chosen.append(pick)
+            if not chosen:
+                return
+            try:
+                with db.savepoint(self.conn):
+                    started = tasks.start_many(self.conn, [
+                        tasks.Start(pick.task, pick.pid, pick.pid_started, pick.executor.pausable) for pick in chosen
+                    ], now=now)
+            except Exception as exc:
+                if faults.classify(exc) is not None:
+                    raise
+                log.exception("dispatch_failed", tasks=[pick.task.id for pick in chosen], batch=True)
+                started = {}  # a bug of ours: each is started alone, which records what fails
+            chosen.reverse()  # popped in the claim's order; those not reached are put back below
+            while chosen:
+                pick = chosen.pop()
+                task = started.get(pick.task.id)
+                if task is None:  # its row moved on since the claim: alone, which says why
+                    self._start_alone(pick, now)
+                else:
+                    self._begin(pick, task, now)
+        except BaseException:
+            for pick in chosen:  # given nothing: the tick is rolled back
+                self._pool_of(pick.process).put_back(pick.process)
+            raise
+
+    def _choose(self: Supervisor, task: Task, now: float) -> _Chosen | None:
+        """The claimed `task` prepared (`dispatch.prepare`), with the process that is to run it;
+        None if it ended at once, needing no process, or could not be dispatched (recorded)."""
+        try:
+            prepared = dispatch.prepare(self.conn, self.settings, self.registry, task, now)
+            if isinstance(prepared, outcomes.Recorded):
+                self._note(prepared)  # ended at once: it needs no process
+                return None
+            child, last = self._process_for(prepared.executor, task)
         except Exception as exc:
             if faults.classify(exc) is not None:
                 raise
-            if isinstance(exc, StaleAttempt):  # claimed again elsewhere: neither ours to start nor to fail
-                log.warning("stale_attempt_write_ignored", task_id=task.id, write="start", error=exc.message)
-                return
-            log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
-            self.running.pop(task.id, None)
-            error = "the supervisor could not dispatch the task"
-            self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
-
-    # --- dispatch -------------------------------------------------------------------------------
-
-    def _dispatch(self: Supervisor, task: Task, now: float) -> None:
-        prepared = dispatch.prepare(self.conn, self.settings, self.registry, task, now)
-        if isinstance(prepared, outcomes.Recorded):
-            self._note(prepared)  # ended at once: it needs no process
-            return
-        task, executor, upstream = prepared.task, prepared.executor, prepared.upstream
-        # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
-        # > 1) a process that runs attempts itself, until it has run that many.
-        # An `async def` executor's attempt joins the others in an event-loop process.
-        if executor.runs_in_event_loop():
-            child, last = self.loops[task.queue].take(), False
-        else:
-            fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
-            child = self.idle.take("fresh" if fresh else "reused")
-            last = not fresh and child.attempts + 1 >= self.settings.tasks_per_process
+            self._dispatch_failed(task, now)
+            return None
         # The process is recorded before it is given the task: if the daemon dies in between, the
         # process never runs it; once it does, recovery finds it by pid and start time. So a task
         # never runs unrecorded, and never twice.
         # For a launcher, its waiting fork: the process recovery must find is the one that runs it.
         try:
             pid, pid_started = child.next_attempt_process()
-            started = tasks.start(
-                self.conn,
-                task.id,
-                known=task,
-                now=now,
-                executor_pid=pid,
-                executor_started_at=pid_started,
-                is_pausable=executor.pausable,
-            )
-        except BaseException:
+        except BaseException as exc:
             self._pool_of(child).put_back(child)  # it was given nothing
-            raise
-        self.running[task.id] = rt = Attempt(
-            task=started, process=child, executor=executor, started_at=now, pausable=started.is_pausable
+            if not isinstance(exc, Exception) or faults.classify(exc) is not None:
+                raise
+            self._dispatch_failed(task, now)
+            return None
+        return _Chosen(task, prepared, child, pid, pid_started, last)
+
+    def _process_for(self: Supervisor, executor: Any, task: Task) -> tuple[executor_processes.ExecutorProcess, bool]:
+        """The process to run an attempt of `task`, and whether it is that process's last."""
+        # A fresh process for each attempt: a fork of an idle launcher. Otherwise (tasks_per_process
+        # > 1) a process that runs attempts itself, until it has run that many.
+        # An `async def` executor's attempt joins the others in an event-loop process.
+        if executor.runs_in_event_loop():
+            return self.loops[task.queue].take(), False
+        fresh = executor.needs_fresh_process or self.settings.tasks_per_process == 1
+        child = self.idle.take("fresh" if fresh else "reused")
+        return child, not fresh and child.attempts + 1 >= self.settings.tasks_per_process
+
+    def _start_alone(self: Supervisor, pick: _Chosen, now: float) -> None:
+        """Start one chosen task by itself: what `start_many` left out, which this says why."""
+        try:
+            with db.savepoint(self.conn):
+                started = tasks.start(
+                    self.conn, pick.task.id, known=pick.task, now=now, executor_pid=pick.pid,
+                    executor_started_at=pick.pid_started, is_pausable=pick.executor.pausable,
+                )
+        except BaseException as exc:
+            self._pool_of(pick.process).put_back(pick.process)  # it was given nothing
+            if not isinstance(exc, Exception) or faults.classify(exc) is not None:
+                raise
+            if isinstance(exc, StaleAttempt):  # claimed again elsewhere: neither ours to start nor to fail
+                log.warning("stale_attempt_write_ignored", task_id=pick.task.id, write="start", error=exc.message)
+                return
+            self._dispatch_failed(pick.task, now)
+            return
+        self._begin(pick, started, now)
+
+    def _begin(self: Supervisor, pick: _Chosen, started: Task, now: float) -> None:
+        """`started` is recorded running: its attempt, handed to its process after the commit."""
+        self.running[started.id] = rt = Attempt(
+            task=started, process=pick.process, executor=pick.executor, started_at=now, pausable=started.is_pausable
         )
         self._dispatched.append(rt)
         # The executor gets the payload with its references to upstream results filled in.
-        attempt = started.but(payload=task.payload)
+        attempt = started.but(payload=pick.prepared.task.payload)
+        upstream, last = pick.prepared.upstream, pick.last
         self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last, now))
+
+    def _dispatch_failed(self: Supervisor, task: Task, now: float) -> None:
+        """A bug of ours stopped `task`'s dispatch (logged with its traceback): it ends CRASHED."""
+        log.exception("dispatch_failed", task_id=task.id, run_id=task.workflow_run_id)
+        self.running.pop(task.id, None)
+        error = "the supervisor could not dispatch the task"
+        self._note(outcomes.record(self.conn, self.settings, task, None, error, models.CRASHED, now))
 
     def _hand_over(self: Supervisor, rt: Attempt, attempt: Task, upstream: dict[str, Any], last: bool, now: float) -> None:
         """Send a started attempt to its process (after the commit that recorded it)."""
