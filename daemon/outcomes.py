@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import structlog
 
@@ -85,6 +85,31 @@ def record_attempt(conn: sqlite3.Connection, settings: Settings, at: Attempt, no
         outcome = f"{error_type}: {recorded.finished}" if error_type else str(recorded.finished)
     note_ending(settings, at, refused, outcome)
     return recorded
+
+
+def completes(at: Attempt) -> bool:
+    """Whether the attempt is one `record_completions` records: started, and its result a success
+    (which stands whatever stop was asked: `record_attempt` completes it too)."""
+    return at.start_recorded and at.result is not None and at.result.ok
+
+
+def record_completions(
+    conn: sqlite3.Connection, settings: Settings, ended: Sequence[Attempt], now: float
+) -> list[Attempt]:
+    """SPEC §6 for many attempts that ended at `now` with a success (`completes`), in one write:
+    those whose results are refused here are left, with nothing written, for `record_attempt`.
+    The attempts recorded completed. InvalidTransition, with nothing written, if a row moved on."""
+    kept: list[tuple[Attempt, Any]] = []
+    for at in ended:
+        assert at.result is not None and at.ended_at == now
+        try:
+            kept.append((at, stored_result(at.result.result, settings.max_result_bytes)))
+        except BadResult:
+            continue  # failed by `record_attempt`, which says why in the attempt's log
+    tasks.complete_many(conn, [(at.task, result) for at, result in kept], now=now)
+    for at, _ in kept:
+        log.info("task_completed", task_id=at.task.id, run_id=at.task.workflow_run_id, type=at.task.type)
+    return [at for at, _ in kept]
 
 
 def note_ending(settings: Settings, at: Attempt, refused: str | None, outcome: str) -> None:

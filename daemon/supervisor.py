@@ -367,9 +367,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         if self.ahead:
             self._settle_ahead(now, self._finish)
             self._record_starts(now)
-        for rt in list(self.running.values()):
-            if rt.is_over():
-                self._guard(rt, self._finish, rt, now)
+        self._finish_all([rt for rt in self.running.values() if rt.is_over()], now)
         self._ready = None
         for rt in list(self.running.values()):
             # Most attempts have no deadline to enforce (running, no timeout): not one guarded

@@ -491,3 +491,40 @@ def test_the_claim_bound_is_each_queues_so_a_busy_queue_never_holds_another_back
     other = s.submit("COUNT")
     s.at(1.0)
     assert s.task(other).status is TaskStatus.RUNNING  # in the first tick, beside the backlog's first claims
+
+
+def test_attempts_that_complete_in_one_tick_are_recorded_together_and_a_refused_result_alone(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped(max_workers=3, max_result_bytes=1000)
+    ids = [s.submit("ECHO") for _ in range(3)]
+    s.at(0.0)
+    together: list[list[str]] = []
+    complete_many = tasks.complete_many
+    monkeypatch.setattr(tasks, "complete_many", lambda conn, done, **kw: (
+        together.append([task.id for task, _ in done]), complete_many(conn, done, **kw))[1])
+    s.process(ids[0]).result({"n": 0})
+    s.process(ids[1]).result({"n": 1})
+    s.process(ids[2]).result("x" * 2000)  # over max_result_bytes: refused, the task failed
+    s.at(0.5)
+    assert together == [ids[:2]]
+    assert [s.task(i).result for i in ids[:2]] == [{"n": 0}, {"n": 1}]
+    assert all(s.task(i).status is TaskStatus.COMPLETED for i in ids[:2])
+    assert s.task(ids[2]).status is TaskStatus.FAILED and "result" in (s.task(ids[2]).error or "")
+
+
+def test_completions_whose_write_together_fails_are_each_recorded_alone(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped(max_workers=2)
+    ids = [s.submit("ECHO") for _ in range(2)]
+    s.at(0.0)
+
+    def fails(*args: Any, **kw: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(tasks, "complete_many", fails)
+    for n, task_id in enumerate(ids):
+        s.process(task_id).result({"n": n})
+    s.at(0.5)
+    assert [(s.task(i).status, s.task(i).result) for i in ids] == [(TaskStatus.COMPLETED, {"n": n}) for n in range(2)]

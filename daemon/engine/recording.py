@@ -21,6 +21,7 @@ from daemon import faults, messages, outcomes
 from daemon.engine import executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
+from daemon.models import TaskStatus
 from daemon.store import db, tasks
 from daemon.store import attempts as attempt_store
 
@@ -121,6 +122,47 @@ class RecordsAttempts:
         """The attempt is over: release its process, then record its outcome."""
         self._conclude(rt, now)
         self._record(rt)
+
+    def _finish_all(self: Supervisor, over: Sequence[Attempt], now: float) -> None:
+        """`_finish` for every attempt in `over`: each released at once, and the outcomes recorded
+        after, the successes together (`_record_completions`)."""
+        concluded = []
+        for rt in over:
+            try:
+                self._conclude(rt, now)
+            except Exception as exc:
+                if faults.classify(exc) is not None:
+                    raise
+                rt.log.exception("supervisor_error")  # as `_guard` would: the others go on
+                continue
+            concluded.append(rt)
+        together = [rt for rt in concluded if outcomes.completes(rt)]
+        recorded = {id(rt) for rt in self._record_completions(together, now)} if len(together) > 1 else set()
+        for rt in concluded:
+            if id(rt) not in recorded:
+                self._guard(rt, self._record, rt)
+
+    def _record_completions(self: Supervisor, ended: list[Attempt], now: float) -> list[Attempt]:
+        """Record many attempts that completed at `now` in one write (`outcomes.record_completions`,
+        one statement where `_record` costs a savepoint and a transition each); the attempts it
+        recorded. Any it refused, or all if it fails, are left to `_record`, which says why."""
+        try:
+            with db.savepoint(self.conn):  # written together or not at all
+                for rt in ended:
+                    self._write_mirrors(now, only=rt)
+                recorded = outcomes.record_completions(self.conn, self.settings, ended, now)
+        except Exception as exc:
+            if faults.classify(exc) is not None:
+                raise
+            # A row moved on (rescued by another host), or a bug of ours: each alone then, which
+            # records what fails and why.
+            log.warning("completions_recorded_one_by_one", tasks=len(ended), error=f"{type(exc).__name__}: {exc}")
+            return []
+        finished = outcomes.Recorded(TaskStatus.COMPLETED)
+        for rt in recorded:
+            self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
+            self._note(finished)
+        return recorded
 
     def _conclude(self: Supervisor, rt: Attempt, now: float) -> None:
         """End the attempt in memory: release its process (kept if it takes another task), and
