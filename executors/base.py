@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Mapping, P
 
 if TYPE_CHECKING:
     import asyncio
-    from multiprocessing.synchronize import Event
+    from multiprocessing.synchronize import Event  # noqa: F401 (named as a string: TaskContext(_Context["Event"]))
 
     from daemon.models import Task
 
