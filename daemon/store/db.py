@@ -50,14 +50,20 @@ class Deferred(Protocol):
     def discard(self) -> None: ...
 
 
-# How `before` and `after` treat a statement, by its first word. Cached by its text: the store
-# runs a few dozen distinct statements, each thousands of times a second in a burst.
+# How `before` and `after` treat a statement, by its first word. Cached by its first characters:
+# the store runs a few dozen distinct statements, each thousands of times a second in a burst,
+# and some of them are long (a batch's IN list, a multi-row INSERT), which a cache by the whole
+# text would keep alive.
 _OTHER, _BEGIN, _ENDS, _ROLLS_BACK = range(4)
 
 
-@functools.lru_cache(maxsize=1024)
 def _role(sql: str) -> int:
-    head = sql.lstrip()[:11].upper()
+    return _role_of_head(sql[:32])
+
+
+@functools.lru_cache(maxsize=256)
+def _role_of_head(start: str) -> int:
+    head = start.lstrip()[:11].upper()
     if head.startswith(("COMMIT", "END")):
         return _ENDS
     if head.startswith("BEGIN"):

@@ -34,10 +34,15 @@ NON_TERMINAL_RUN_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 _NAMES_RUNS = re.compile(r"\bworkflow_run\b")
 
 
-@functools.lru_cache(maxsize=1024)
 def _names_runs(sql: str) -> bool:
     """Whether `sql` reads or changes the runs' table (cached: a few dozen statements, each run
-    thousands of times a second in a burst)."""
+    thousands of times a second in a burst; a long one, a batch's, is searched each time rather
+    than kept alive by the cache)."""
+    return _names_runs_cached(sql) if len(sql) <= 2048 else _NAMES_RUNS.search(sql) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _names_runs_cached(sql: str) -> bool:
     return _NAMES_RUNS.search(sql) is not None
 
 # A shift of `count` tasks of one run from one status to another.
