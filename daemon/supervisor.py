@@ -33,6 +33,7 @@ from daemon.engine.recording import RecordsAttempts
 from daemon.engine.requests import TakesRequests
 from daemon.engine.sending_ahead import SendsAhead
 from daemon.engine.stopping import StopsAttempts
+from daemon.engine.running import RunningAttempts
 from daemon.config import Settings
 from daemon.handoff import LoopHandoff
 from daemon.notify import Notifier
@@ -80,7 +81,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self.queues = queues.Queues(settings.all_queues, paused=queue_store.paused(self.conn))
         executor_modules = [self.registry.ref(task_type).split(":")[0] for task_type in self.registry]
         self.context = executor_processes.make_context(settings.start_method, preload=executor_modules)
-        self.running: dict[str, Attempt] = {}
+        self.running = RunningAttempts()  # with how many each queue runs, kept as they come and go
         self._init_sending_ahead(settings.all_queues)  # attempts sent ahead (a queue's prefetch)
         self.idle = pool.IdleProcesses(
             self.context, warm_spare=settings.warm_spare, spare_kind="fresh" if settings.tasks_per_process == 1 else "reused",

@@ -64,12 +64,15 @@ class RecordsAttempts:
         limit: int | None, *, check_exit: bool | None = None,
     ) -> None:
         """Apply what `process` said to the `attempts` it holds (by token), and its exit to all."""
-        going = {token: rt for token, rt in attempts.items() if rt.phase not in (Phase.EXITED, Phase.ENDED)}
-        if not going:
+        gone = (Phase.EXITED, Phase.ENDED)
+        if all(rt.phase in gone for rt in attempts.values()):
             return
         if check_exit is None:  # not when the last wait saw the process still running
             check_exit = self._ready is None or process.sentinel in self._ready
         drained = process.drain(limit, check_exit=check_exit)
+        if not drained.messages and drained.exitcode is None and not process.status.broken:
+            return  # the usual tick of an event-loop process holding thousands: nothing to apply
+        going = {token: rt for token, rt in attempts.items() if rt.phase not in gone}
         for message in drained.messages:
             rt = process.route(message, going, now)
             if rt is not None:
