@@ -13,7 +13,8 @@ fresh temp directory, with a queue of as many workers as tasks (every one may ru
 (one kept connection) until all have completed. The time is from just before the submit command
 starts to the first status that shows them all completed. Memory: the daemon and all its descendants, sampled every 0.1 s by psutil; the peak of
 the summed RSS (which counts pages shared by the fork server's children once per process: an
-upper bound) and of the summed USS (pages each process alone holds).
+upper bound), of the summed PSS (each shared page split between the processes sharing it: what
+they take together) and of the summed USS (pages each process alone holds: a lower bound).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def fredica(config: Path, *args: str) -> str:
 
 def sample_memory(root: psutil.Process, stop: threading.Event, peaks: dict[str, float]) -> None:
     while not stop.is_set():
-        rss = uss = 0
+        rss = uss = pss = 0
         try:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
@@ -56,10 +57,12 @@ def sample_memory(root: psutil.Process, stop: threading.Event, peaks: dict[str, 
                 continue
             rss += info.rss
             uss += info.uss
+            pss += info.pss
             role = "daemon" if proc.pid == root.pid else f"child {proc.pid} ({name})"
             peaks[role] = max(peaks.get(role, 0), info.rss / 2**20)
         peaks["rss"] = max(peaks.get("rss", 0), rss / 2**20)
         peaks["uss"] = max(peaks.get("uss", 0), uss / 2**20)
+        peaks["pss"] = max(peaks.get("pss", 0), pss / 2**20)
         stop.wait(0.1)
 
 
@@ -105,8 +108,10 @@ def main() -> None:
         # Watched through one kept connection, 20 times a second: a `fredica status` process per
         # look (120 ms of a core each) took most of a core from the 2 the daemon has.
         watcher = Client(config)
+        most_running = 0  # the attempts at once: what the memory grows with
         while True:
             counts = watcher.status()["counts"]
+            most_running = max(most_running, counts.get("running", 0))
             if counts.get("completed", 0) >= args.tasks:
                 break
             stop.wait(0.05)
@@ -125,8 +130,10 @@ def main() -> None:
         print(f"{args.tasks} tasks of asyncio.sleep({args.seconds:g}), {args.processes} event-loop processes; "
               f"load average {load[0]:.2f}")
         print(f"submit command: {submitted:.2f} s; all completed after {elapsed:.2f} s; "
-              f"daemon CPU meanwhile {daemon_cpu:.2f} s (its threads, not its executor processes)")
-        print(f"peak memory, daemon + executor processes: RSS {peaks.pop('rss'):.0f} MB, USS {peaks.pop('uss'):.0f} MB")
+              f"daemon CPU meanwhile {daemon_cpu:.2f} s (its threads, not its executor processes); "
+              f"at most {most_running} running at once")
+        print(f"peak memory, daemon + executor processes: RSS {peaks.pop('rss'):.0f} MB, "
+              f"PSS {peaks.pop('pss'):.0f} MB, USS {peaks.pop('uss'):.0f} MB")
         print("peak RSS of each: " + ", ".join(f"{role} {mb:.0f} MB" for role, mb in sorted(peaks.items()) if mb >= 5))
     except BaseException:
         print(f"kept for a look: {tmp}", file=sys.stderr)
