@@ -60,9 +60,9 @@ def prepare(
         skip = False
     if skip:
         result = {**_skipped_fields(executor, resolved, bound), "skipped": True}
-        with db.savepoint(conn):
+        with db.savepoint(conn):  # the line too: whatever raises after the write undoes it
             tasks.complete(conn, task.id, result, now=now, known=task)
-        bound.info("task_skipped")
+            bound.info("task_skipped")
         return Recorded(models.TaskStatus.COMPLETED)
     return Prepared(resolved, executor, upstream)
 

@@ -528,3 +528,50 @@ def test_completions_whose_write_together_fails_are_each_recorded_alone(
         s.process(task_id).result({"n": n})
     s.at(0.5)
     assert [(s.task(i).status, s.task(i).result) for i in ids] == [(TaskStatus.COMPLETED, {"n": n}) for n in range(2)]
+
+
+def test_completions_recorded_alone_after_a_failed_write_together_keep_their_last_status_text(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stepped(max_workers=2)
+    ids = [s.submit("ECHO") for _ in range(2)]
+    s.at(0.0)
+
+    def fails(*args: Any, **kw: Any) -> None:
+        raise ValueError("a bug of ours")
+
+    monkeypatch.setattr(tasks, "complete_many", fails)
+    for n, task_id in enumerate(ids):
+        s.process(task_id).progress(70, f"final text {n}")
+        s.process(task_id).result({"n": n})
+    s.at(0.5)
+    rows = [s.task(i) for i in ids]
+    assert [(r.status, r.status_text) for r in rows] == [(TaskStatus.COMPLETED, f"final text {n}") for n in range(2)]
+
+
+def test_an_attempt_that_cannot_begin_crashes_alone_and_its_process_is_put_back(
+    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon.engine import dispatching
+
+    s = stepped(max_workers=2, tasks_per_process=1_000_000)
+    ids = [s.submit("ECHO", max_retries=0) for _ in range(2)]
+    real = dispatching.Attempt
+
+    def attempt(**fields: Any) -> Any:
+        if fields["task"].id == ids[0]:
+            raise RuntimeError("a bug of ours")
+        return real(**fields)
+
+    monkeypatch.setattr(dispatching, "Attempt", attempt)
+    s.at(0.0)  # the tick goes on: the other task of the claim starts
+    crashed, other = s.task(ids[0]), s.task(ids[1])
+    assert crashed.status is TaskStatus.FAILED and crashed.error_type == models.CRASHED
+    assert other.status is TaskStatus.RUNNING and list(s.sup.running) == [ids[1]]
+    assert s.sup.idle._lent == [s.sup.running[ids[1]].process]  # the first one's process is back
+    monkeypatch.setattr(dispatching, "Attempt", real)
+    s.process(ids[1]).result({"ok": 1})
+    s.at(0.5)
+    third = s.submit("ECHO")
+    s.at(1.0)
+    assert s.task(ids[1]).status is TaskStatus.COMPLETED and s.task(third).status is TaskStatus.RUNNING

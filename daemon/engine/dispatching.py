@@ -202,14 +202,26 @@ class Dispatches:
         self._begin(pick, started, now)
 
     def _begin(self: Supervisor, pick: _Chosen, started: Task, now: float) -> None:
-        """`started` is recorded running: its attempt, handed to its process after the commit."""
-        self.running[started.id] = rt = Attempt(
-            task=started, process=pick.process, executor=pick.executor, started_at=now, pausable=started.is_pausable
-        )
-        self._dispatched.append(rt)
-        # The executor gets the payload with its references to upstream results filled in.
-        attempt = started.but(payload=pick.prepared.task.payload)
+        """`started` is recorded running: its attempt, handed to its process after the commit.
+        If a bug of ours stops it, the process is put back and the task ends CRASHED, as any
+        failed dispatch does; the rest of the claim goes on."""
+        try:
+            rt = Attempt(
+                task=started, process=pick.process, executor=pick.executor, started_at=now,
+                pausable=started.is_pausable,
+            )
+            # The executor gets the payload with its references to upstream results filled in.
+            attempt = started.but(payload=pick.prepared.task.payload)
+        except BaseException as exc:
+            self._pool_of(pick.process).put_back(pick.process)  # it was given nothing
+            if not isinstance(exc, Exception) or faults.classify(exc) is not None:
+                raise
+            self._dispatch_failed(started, now)
+            return
+        # Nothing below raises: the attempt is either wholly begun or not at all.
         upstream, last = pick.prepared.upstream, pick.last
+        self.running[started.id] = rt
+        self._dispatched.append(rt)
         self._outbox.append(lambda: self._hand_over(rt, attempt, upstream, last, now))
 
     def _dispatch_failed(self: Supervisor, task: Task, now: float) -> None:

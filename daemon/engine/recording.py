@@ -158,8 +158,10 @@ class RecordsAttempts:
             if faults.classify(exc) is not None:
                 raise
             # A row moved on (rescued by another host), or a bug of ours: each alone then, which
-            # records what fails and why.
+            # records what fails and why. Their mirrors were undone with the rest: written again.
             log.warning("completions_recorded_one_by_one", tasks=len(ended), error=f"{type(exc).__name__}: {exc}")
+            for rt in ended:
+                rt.mirror_lost()
             return []
         finished = outcomes.Recorded(TaskStatus.COMPLETED)
         for rt in recorded:
