@@ -513,23 +513,6 @@ def test_attempts_that_complete_in_one_tick_are_recorded_together_and_a_refused_
     assert s.task(ids[2]).status is TaskStatus.FAILED and "result" in (s.task(ids[2]).error or "")
 
 
-def test_completions_whose_write_together_fails_are_each_recorded_alone(
-    stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    s = stepped(max_workers=2)
-    ids = [s.submit("ECHO") for _ in range(2)]
-    s.at(0.0)
-
-    def fails(*args: Any, **kw: Any) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(tasks, "complete_many", fails)
-    for n, task_id in enumerate(ids):
-        s.process(task_id).result({"n": n})
-    s.at(0.5)
-    assert [(s.task(i).status, s.task(i).result) for i in ids] == [(TaskStatus.COMPLETED, {"n": n}) for n in range(2)]
-
-
 def test_completions_recorded_alone_after_a_failed_write_together_keep_their_last_status_text(
     stepped: Callable[..., Stepped], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -546,7 +529,9 @@ def test_completions_recorded_alone_after_a_failed_write_together_keep_their_las
         s.process(task_id).result({"n": n})
     s.at(0.5)
     rows = [s.task(i) for i in ids]
-    assert [(r.status, r.status_text) for r in rows] == [(TaskStatus.COMPLETED, f"final text {n}") for n in range(2)]
+    assert [(r.status, r.result, r.status_text) for r in rows] == [
+        (TaskStatus.COMPLETED, {"n": n}, f"final text {n}") for n in range(2)
+    ]
 
 
 def test_an_attempt_that_cannot_begin_crashes_alone_and_its_process_is_put_back(
