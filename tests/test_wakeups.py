@@ -6,6 +6,7 @@ backend is killed is noticed, reconnects after its backoff and hears again."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from typing import Any, Iterator
 
 import pytest
@@ -138,6 +139,18 @@ def test_notify_on_sqlite_does_nothing(conn: sqlite3.Connection) -> None:
     assert not hasattr(conn, "wakeup_queued")
 
 
+def until_noticed(listener: wakeups.Listener) -> None:
+    """Wait as the loop does until the listener has noticed its connection is gone: it wakes on
+    the server's goodbye, then on the end of the connection."""
+
+    def noticed() -> bool:
+        if pipes.ready([listener], WAIT):
+            listener.drain()
+        return not listener.healthy
+
+    wait_for(noticed, WAIT)
+
+
 @postgres_only
 def test_a_killed_listener_is_noticed_and_reconnects(
     postgres_cluster: Cluster, conn: sqlite3.Connection, database: str
@@ -147,13 +160,7 @@ def test_a_killed_listener_is_noticed_and_reconnects(
         killed = listener.backend_pid
         postgres_cluster.admin(f"SELECT pg_terminate_backend({killed})")
 
-        # The loop wakes on the server's goodbye, then on the end of the connection.
-        def noticed() -> bool:
-            if pipes.ready([listener], WAIT):
-                listener.drain()
-            return not listener.healthy
-
-        wait_for(noticed, WAIT)
+        until_noticed(listener)
         assert listener.last_error and "closed" in listener.last_error
         with pytest.raises(ValueError):
             listener.fileno()  # the loop polls instead of waiting on it
@@ -192,6 +199,47 @@ def test_a_listener_that_cannot_connect_backs_off(postgres_cluster: Cluster, dat
     clock[0] = 15.0
     assert listener.drain() == 1 and listener.healthy and listener.next_attempt_at is None
     listener.close()
+
+
+@postgres_only
+def test_a_listener_whose_server_does_not_answer_never_holds_up_the_loop(
+    postgres_cluster: Cluster, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    clock = [100.0]
+    with wakeups.Listener(database, clock=lambda: clock[0], reconnect_first=1.0, reconnect_max=4.0) as listener:
+        answer, calls = threading.Event(), []
+        real = psycopg.connect
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            assert answer.wait(30), "the loop waited for the connect"
+            return real(*args, **kwargs)
+
+        postgres_cluster.admin(f"SELECT pg_terminate_backend({listener.backend_pid})")
+        monkeypatch.setattr(psycopg, "connect", slow)  # after the admin's own connect
+        until_noticed(listener)
+        clock[0] += 1.0  # the backoff has passed: the reconnect starts, and each look returns
+        for _ in range(3):
+            assert listener.drain() == 0 and not listener.healthy
+            assert listener.next_attempt_at == clock[0] + wakeups.CONNECTING_LOOK  # under way: no backoff
+            clock[0] += wakeups.CONNECTING_LOOK
+        answer.set()
+
+        def reconnected() -> int:
+            clock[0] += wakeups.CONNECTING_LOOK  # the loop's next look
+            return listener.drain()
+
+        assert wait_for(reconnected, WAIT) == 1 and listener.healthy
+        assert len(calls) == 1  # one connect, however many looks
+        conn = db.open_database(database)
+        try:
+            with db.write(conn):
+                wakeups.notify(conn)
+            assert woken(listener) == 1
+        finally:
+            conn.close()
 
 
 @postgres_only

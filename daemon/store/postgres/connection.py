@@ -62,6 +62,7 @@ import psycopg.sql
 
 from daemon.errors import DatabaseUnusable
 from daemon.store import backend, db
+from daemon.store.postgres import connecting
 
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
@@ -289,6 +290,7 @@ class PostgresConnection:
         self._begin_unsent = False
         # The failure of a held statement, which dooms its transaction (`_pipelined`).
         self._doomed: sqlite3.Error | None = None
+        self._connecting: connecting.Connecting[psycopg.Connection[Any]] | None = None  # a reconnect under way
 
     @property
     def in_transaction(self) -> bool:
@@ -301,15 +303,32 @@ class PostgresConnection:
 
     def reconnect(self) -> None:
         """A new session in place of this one; a `CONNECTION_LOST` OperationalError while the
-        server cannot be reached."""
-        self._forget_unsent()  # they belonged to the session that is gone
-        self._doomed = None
-        with contextlib.suppress(psycopg.Error):
-            self.raw.close()
+        server cannot be reached, or while the connect is still under way: it runs on a thread
+        of its own (`connecting`), and the next call looks whether it is done. So a server's host
+        that does not answer never holds up the caller (the loop, which steers its tasks
+        meanwhile) for longer than `connecting.FIRST_WAIT`."""
+        first = self._connecting is None
+        if first:
+            self._forget_unsent()  # they belonged to the session that is gone
+            self._doomed = None
+            with contextlib.suppress(psycopg.Error):
+                self.raw.close()
+            url, read_only = self.url, self.read_only
+            self._connecting = connecting.Connecting(
+                lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
+                lambda raw: raw.close(), name="fredica-reconnect",
+            )
         try:
-            self.raw = _raw_connection(self.url, self.read_only, connect_timeout=RECONNECT_TIMEOUT)
+            raw = self._connecting.result(connecting.FIRST_WAIT if first else 0.0)
         except psycopg.Error as exc:
+            self._connecting = None  # the next call tries again
             raise _unreachable(exc) from exc
+        if raw is None:
+            error = sqlite3.OperationalError("cannot reach the database: still connecting")
+            error.sqlstate = CONNECTION_LOST  # type: ignore[attr-defined]
+            raise error
+        self._connecting = None
+        self.raw = raw
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
         deferred = self.deferred
@@ -448,6 +467,9 @@ class PostgresConnection:
     def close(self) -> None:
         self._forget_unsent()
         self._doomed = None
+        if self._connecting is not None:
+            self._connecting.abandon()
+            self._connecting = None
         self.raw.close()
 
     def __enter__(self) -> "PostgresConnection":

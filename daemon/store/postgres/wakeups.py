@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from daemon.store import backend, db
+from daemon.store.postgres import connecting
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 CHANNEL = "fredica_wakeup"
 RECONNECT_FIRST = 0.5  # seconds before the first reconnect; doubles each failure
 RECONNECT_MAX = 30.0
-CONNECT_TIMEOUT = 5  # seconds a reconnect may block its caller at most (libpq's connect_timeout)
+CONNECT_TIMEOUT = 5  # seconds a connect may take (libpq's connect_timeout), on its own thread
+CONNECTING_LOOK = 0.1  # while a reconnect is under way, how often the loop looks whether it is done
 # A peer gone without a word (a host or network lost) never makes the socket readable: TCP
 # keepalives find it out within about a minute (ignored on a Unix socket, where the kernel knows).
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
@@ -76,7 +78,8 @@ class Listener:
         self._retry_at = 0.0
         self._conn: psycopg.Connection[Any] | None = None
         self.last_error: str | None = None  # why it is not healthy, for the daemon's log
-        self._connect(clock())
+        self._connecting: connecting.Connecting[psycopg.Connection[Any]] | None = None  # a connect under way
+        self._connect(clock(), wait=CONNECT_TIMEOUT + 1.0)  # at start-up: healthy at once if it can be
 
     @property
     def healthy(self) -> bool:
@@ -124,6 +127,9 @@ class Listener:
         return count
 
     def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.abandon()
+            self._connecting = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -134,24 +140,41 @@ class Listener:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connect(self, now: float) -> bool:
+    def _connect(self, now: float, wait: float | None = None) -> bool:
+        """Connect and LISTEN, on a thread of its own (`connecting`): whether it is done. While
+        it is under way the loop polls, and looks again within CONNECTING_LOOK; a failure counts
+        as one, for the backoff. `wait`: how long to wait for it (the first look's short wait
+        by default; at start-up, as long as a connect may take)."""
         import psycopg
 
+        first = self._connecting is None
+        if first:
+            self._connecting = connecting.Connecting(self._open, lambda conn: conn.close(), name="fredica-listener")
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **_KEEPALIVES)
+            conn = self._connecting.result(wait if wait is not None else connecting.FIRST_WAIT if first else 0.0)
         except psycopg.Error as exc:
+            self._connecting = None
             self._lost(now, str(exc))
             return False
-        try:
-            conn.execute(f"LISTEN {CHANNEL}")
-        except psycopg.Error as exc:
-            conn.close()
-            self._lost(now, str(exc))
+        if conn is None:
+            self._retry_at = now + CONNECTING_LOOK  # not a failure: no backoff
             return False
+        self._connecting = None
         self._conn = conn
         self._delay = self._first
         self.last_error = None
         return True
+
+    def _open(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **_KEEPALIVES)
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _lost(self, now: float, why: str) -> None:
         """Down (a connection lost, or an attempt failed): the next attempt after the delay, which
