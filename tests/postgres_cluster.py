@@ -24,8 +24,9 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
 import pytest
@@ -202,3 +203,21 @@ def url(postgres_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[s
     made = postgres_cluster.clone(request.node.name)
     yield made
     postgres_cluster.drop(made)
+
+
+class HeldConnect:
+    """A connect, in place of `real`, that waits for `answer` before it goes on: a server's host
+    that does not answer, for as long as the test wants. A caller that waited for it would wait
+    until the test gives up on it (30 s), and then fail with `AssertionError`."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self.real = real
+        self.answer = threading.Event()
+        self.calls = 0
+        self.made: list[Any] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        assert self.answer.wait(30), "the caller waited for a connect that did not answer"
+        self.made.append(self.real(*args, **kwargs))
+        return self.made[-1]

@@ -13,10 +13,9 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import psutil
 import pytest
@@ -26,7 +25,7 @@ from daemon.errors import DatabaseFault
 from daemon.store import db, supervisors
 from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
-from tests.postgres_cluster import Cluster
+from tests.postgres_cluster import Cluster, HeldConnect
 from tests.postgres_daemons import fredica, hang, ok, on_postgres, url  # noqa: F401 (fixtures)
 from tests.web_harness import free_port
 
@@ -209,14 +208,20 @@ def test_postgresql_errors_are_known_by_their_sqlstate(sqlstate: str, kind: faul
     assert faults.classify(error) is kind
 
 
+def lose_session(postgres_cluster: Cluster, url: str, conn: sqlite3.Connection) -> sqlite3.OperationalError:
+    """The server ends `conn`'s session: the error its next statement meets."""
+    postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                           f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
+    with pytest.raises(sqlite3.OperationalError) as lost:
+        conn.execute("SELECT 1")
+    return lost.value
+
+
 def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster: Cluster, url: str) -> None:
     conn = db.open_database(url)
     try:
-        postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                               f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
-        with pytest.raises(sqlite3.OperationalError) as lost:
-            conn.execute("SELECT 1")
-        assert faults.classify(lost.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
+        lost = lose_session(postgres_cluster, url, conn)
+        assert faults.classify(lost) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
         db.reconnect(conn)
         assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
     finally:
@@ -226,31 +231,20 @@ def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster
 def test_a_reconnect_to_a_server_that_does_not_answer_never_holds_up_its_caller(
     postgres_cluster: Cluster, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A host gone without a word: the connect waits for libpq's connect_timeout. Here it waits
-    # for `answer`, which the test gives only once reconnect has returned (if reconnect waited
-    # for the connect, it would never return: the connect gives up after 30 s and fails the test).
+    # A host gone without a word: the connect waits for libpq's connect_timeout; here, for the
+    # test's answer, given only once the looks have returned.
     from daemon.store.postgres import connection
-
-    answer, calls = threading.Event(), []
-    real = connection._raw_connection
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        assert answer.wait(30), "reconnect waited for the connect"
-        return real(*args, **kwargs)
 
     conn = db.open_database(url)
     try:
-        postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                               f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
-        with pytest.raises(sqlite3.OperationalError):
-            conn.execute("SELECT 1")
-        monkeypatch.setattr(connection, "_raw_connection", slow)
+        lose_session(postgres_cluster, url, conn)
+        held = HeldConnect(connection._raw_connection)
+        monkeypatch.setattr(connection, "_raw_connection", held)
         for _ in range(3):  # each look returns while the one connect is under way
             with pytest.raises(sqlite3.OperationalError, match="still connecting") as still:
                 db.reconnect(conn)
             assert faults.classify(still.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
-        answer.set()
+        held.answer.set()
 
         def reconnected() -> bool:
             try:
@@ -260,7 +254,7 @@ def test_a_reconnect_to_a_server_that_does_not_answer_never_holds_up_its_caller(
             return True
 
         wait_for(reconnected, 30)
-        assert len(calls) == 1  # one connect, however many looks
+        assert held.calls == 1  # one connect, however many looks
         assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
     finally:
         conn.close()
@@ -271,25 +265,15 @@ def test_a_connection_closed_while_it_reconnects_closes_the_session_that_comes_l
 ) -> None:
     from daemon.store.postgres import connection
 
-    answer, made = threading.Event(), []
-    real = connection._raw_connection
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        answer.wait(30)
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
     conn = db.open_database(url)
-    postgres_cluster.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                           f"'{url.split('?')[0].rsplit('/', 1)[1]}'")
-    with pytest.raises(sqlite3.OperationalError):
-        conn.execute("SELECT 1")
-    monkeypatch.setattr(connection, "_raw_connection", slow)
+    lose_session(postgres_cluster, url, conn)
+    held = HeldConnect(connection._raw_connection)
+    monkeypatch.setattr(connection, "_raw_connection", held)
     with pytest.raises(sqlite3.OperationalError, match="still connecting"):
         db.reconnect(conn)
     conn.close()
-    answer.set()
-    wait_for(lambda: made and made[0].closed, 30)  # no session left open on the server
+    held.answer.set()
+    wait_for(lambda: held.made and held.made[0].closed, 30)  # no session left open on the server
 
 
 def test_export_of_a_postgresql_queue_reads_it_with_the_daemon_up_or_down(on_postgres: Callable[..., Daemon]) -> None:

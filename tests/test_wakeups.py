@@ -6,7 +6,6 @@ backend is killed is noticed, reconnects after its backoff and hears again."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 from typing import Any, Iterator
 
 import pytest
@@ -17,7 +16,7 @@ from daemon.store.postgres import wakeups
 from daemon.submission import TaskSpec
 from tests.conformance import conn, postgres_only, sqlite_only  # noqa: F401 (conn: on the `database` of each test)
 from tests.conftest import wait_for
-from tests.postgres_cluster import Cluster
+from tests.postgres_cluster import Cluster, HeldConnect
 
 T0 = 5_000.0
 WAIT = 10.0  # the longest a wake-up may take to arrive; a wait returns as soon as it has
@@ -209,30 +208,23 @@ def test_a_listener_whose_server_does_not_answer_never_holds_up_the_loop(
 
     clock = [100.0]
     with wakeups.Listener(database, clock=lambda: clock[0], reconnect_first=1.0, reconnect_max=4.0) as listener:
-        answer, calls = threading.Event(), []
-        real = psycopg.connect
-
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args)
-            assert answer.wait(30), "the loop waited for the connect"
-            return real(*args, **kwargs)
-
         postgres_cluster.admin(f"SELECT pg_terminate_backend({listener.backend_pid})")
-        monkeypatch.setattr(psycopg, "connect", slow)  # after the admin's own connect
+        held = HeldConnect(psycopg.connect)
+        monkeypatch.setattr(psycopg, "connect", held)  # after the admin's own connect
         until_noticed(listener)
         clock[0] += 1.0  # the backoff has passed: the reconnect starts, and each look returns
         for _ in range(3):
             assert listener.drain() == 0 and not listener.healthy
             assert listener.next_attempt_at == clock[0] + wakeups.CONNECTING_LOOK  # under way: no backoff
             clock[0] += wakeups.CONNECTING_LOOK
-        answer.set()
+        held.answer.set()
 
         def reconnected() -> int:
             clock[0] += wakeups.CONNECTING_LOOK  # the loop's next look
             return listener.drain()
 
         assert wait_for(reconnected, WAIT) == 1 and listener.healthy
-        assert len(calls) == 1  # one connect, however many looks
+        assert held.calls == 1  # one connect, however many looks
         conn = db.open_database(database)
         try:
             with db.write(conn):
