@@ -432,8 +432,9 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             + ", ".join(f"{count} {status}" for status, count in done.items())
         )
 
-    def _guard(self, rt: Attempt, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> None:
-        """Executor misbehaviour (and our own bugs around it) must never stop the loop.
+    def _guard(self, rt: Attempt, fn: Callable[..., Any], *args: Any, atomic: bool = False) -> bool:
+        """Executor misbehaviour (and our own bugs around it) must never stop the loop. Whether
+        `fn` ran to its end.
 
         `atomic`: `fn` writes several statements, undone together if it fails (the others are
         single statements, atomic anyway).
@@ -445,6 +446,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             if faults.classify(exc) is not None:
                 raise  # the database's fault, not the task's: the whole tick is rolled back
             rt.log.exception("supervisor_error")
+            return False
+        return True
 
     def _next_timeout(self, now: float) -> float:
         """How long the loop may sleep. Reading the earliest delayed retry here is also what

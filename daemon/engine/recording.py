@@ -91,10 +91,11 @@ class RecordsAttempts:
                         reason=process.status.close_reason)
             process.kill() if process.holds_many else process.kill_attempt()
 
-    def _write_mirrors(self: Supervisor, now: float, only: Attempt | None = None) -> None:
+    def _write_mirrors(self: Supervisor, now: float, only: Sequence[Attempt] | None = None) -> None:
         """Write what the task rows mirror of running attempts: pause states at once, progress at
-        most every progress_interval per task (`only`: that attempt's, whatever its age)."""
-        attempts = [only] if only else list(self.running.values())
+        most every progress_interval per task (`only`: those attempts' whatever its age, as they
+        end: one statement for them all)."""
+        attempts = only if only is not None else list(self.running.values())
         dirty = [rt for rt in attempts if rt.mirror_dirty]
         if dirty:
             written = attempt_store.record_pause_states(self.conn, [
@@ -108,7 +109,7 @@ class RecordsAttempts:
         due = [
             rt
             for rt in attempts
-            if rt.progress is not None and (only or now - rt.progress_written_at >= self.settings.progress_interval)
+            if rt.progress is not None and (only is not None or now - rt.progress_written_at >= self.settings.progress_interval)
         ]
         if not due:
             return
@@ -129,16 +130,7 @@ class RecordsAttempts:
     def _finish_all(self: Supervisor, over: Sequence[Attempt], now: float) -> None:
         """`_finish` for every attempt in `over`: each released at once, and the outcomes recorded
         after, the successes together (`_record_completions`)."""
-        concluded = []
-        for rt in over:
-            try:
-                self._conclude(rt, now)
-            except Exception as exc:
-                if faults.classify(exc) is not None:
-                    raise
-                rt.log.exception("supervisor_error")  # as `_guard` would: the others go on
-                continue
-            concluded.append(rt)
+        concluded = [rt for rt in over if self._guard(rt, self._conclude, rt, now)]
         together = [rt for rt in concluded if outcomes.completes(rt)]
         recorded = {id(rt) for rt in self._record_completions(together, now)} if len(together) > 1 else set()
         for rt in concluded:
@@ -151,8 +143,7 @@ class RecordsAttempts:
         recorded. Any it refused, or all if it fails, are left to `_record`, which says why."""
         try:
             with db.savepoint(self.conn):  # written together or not at all
-                for rt in ended:
-                    self._write_mirrors(now, only=rt)
+                self._write_mirrors(now, only=ended)
                 recorded = outcomes.record_completions(self.conn, self.settings, ended, now)
         except Exception as exc:
             if faults.classify(exc) is not None:
@@ -209,7 +200,7 @@ class RecordsAttempts:
                 if not rt.start_recorded:  # sent ahead, and never started
                     self._record_unstarted(rt)
                     return
-                self._write_mirrors(rt.ended_at, only=rt)
+                self._write_mirrors(rt.ended_at, only=[rt])
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
                 self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
         except InvalidTransition:
