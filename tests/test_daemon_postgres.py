@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import psutil
 import pytest
@@ -228,47 +228,49 @@ def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster
         conn.close()
 
 
-def test_a_reconnect_to_a_server_that_does_not_answer_never_holds_up_its_caller(
+@pytest.fixture
+def held_reconnect(
     postgres_cluster: Cluster, url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A host gone without a word: the connect waits for libpq's connect_timeout; here, for the
-    # test's answer, given only once the looks have returned.
-    from daemon.store.postgres import connection
-
-    conn = db.open_database(url)
-    try:
-        lose_session(postgres_cluster, url, conn)
-        held = HeldConnect(connection._raw_connection)
-        monkeypatch.setattr(connection, "_raw_connection", held)
-        for _ in range(3):  # each look returns while the one connect is under way
-            with pytest.raises(sqlite3.OperationalError, match="still connecting") as still:
-                db.reconnect(conn)
-            assert faults.classify(still.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
-        held.answer.set()
-
-        def reconnected() -> bool:
-            try:
-                db.reconnect(conn)
-            except sqlite3.OperationalError:
-                return False
-            return True
-
-        wait_for(reconnected, 30)
-        assert held.calls == 1  # one connect, however many looks
-        assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
-    finally:
-        conn.close()
-
-
-def test_a_connection_closed_while_it_reconnects_closes_the_session_that_comes_late(
-    postgres_cluster: Cluster, url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[tuple[sqlite3.Connection, HeldConnect]]:
+    """A connection whose session the server ended, and whose reconnect meets a host that does
+    not answer (libpq would wait for its connect_timeout): until the test's `answer`."""
     from daemon.store.postgres import connection
 
     conn = db.open_database(url)
     lose_session(postgres_cluster, url, conn)
     held = HeldConnect(connection._raw_connection)
     monkeypatch.setattr(connection, "_raw_connection", held)
+    yield conn, held
+    held.answer.set()  # whatever the test left waiting ends
+    conn.close()
+
+
+def test_a_reconnect_to_a_server_that_does_not_answer_never_holds_up_its_caller(
+    held_reconnect: tuple[sqlite3.Connection, HeldConnect],
+) -> None:
+    conn, held = held_reconnect
+    for _ in range(3):  # each look returns while the one connect is under way
+        with pytest.raises(sqlite3.OperationalError, match="still connecting") as still:
+            db.reconnect(conn)
+        assert faults.classify(still.value) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
+    held.answer.set()
+
+    def reconnected() -> bool:
+        try:
+            db.reconnect(conn)
+        except sqlite3.OperationalError:
+            return False
+        return True
+
+    wait_for(reconnected, 30)
+    assert held.calls == 1  # one connect, however many looks
+    assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_a_connection_closed_while_it_reconnects_closes_the_session_that_comes_late(
+    held_reconnect: tuple[sqlite3.Connection, HeldConnect],
+) -> None:
+    conn, held = held_reconnect
     with pytest.raises(sqlite3.OperationalError, match="still connecting"):
         db.reconnect(conn)
     conn.close()

@@ -290,7 +290,11 @@ class PostgresConnection:
         self._begin_unsent = False
         # The failure of a held statement, which dooms its transaction (`_pipelined`).
         self._doomed: sqlite3.Error | None = None
-        self._connecting: connecting.Connecting[psycopg.Connection[Any]] | None = None  # a reconnect under way
+        read_only = self.read_only
+        self._reconnector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
+            lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
+            lambda raw: raw.close(), name="fredica-reconnect",
+        )
 
     @property
     def in_transaction(self) -> bool:
@@ -307,27 +311,17 @@ class PostgresConnection:
         of its own (`connecting`), and the next call looks whether it is done. So a server's host
         that does not answer never holds up the caller (the loop, which steers its tasks
         meanwhile) for longer than `connecting.FIRST_WAIT`."""
-        first = self._connecting is None
-        if first:
+        if not self._reconnector.under_way:
             self._forget_unsent()  # they belonged to the session that is gone
             self._doomed = None
             with contextlib.suppress(psycopg.Error):
                 self.raw.close()
-            url, read_only = self.url, self.read_only
-            self._connecting = connecting.Connecting(
-                lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
-                lambda raw: raw.close(), name="fredica-reconnect",
-            )
         try:
-            raw = self._connecting.result(connecting.FIRST_WAIT if first else 0.0)
+            raw = self._reconnector.look()
         except psycopg.Error as exc:
-            self._connecting = None  # the next call tries again
-            raise _unreachable(exc) from exc
+            raise _unreachable(_first_line(exc), exc.sqlstate) from exc
         if raw is None:
-            error = sqlite3.OperationalError("cannot reach the database: still connecting")
-            error.sqlstate = CONNECTION_LOST  # type: ignore[attr-defined]
-            raise error
-        self._connecting = None
+            raise _unreachable("still connecting")
         self.raw = raw
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
@@ -467,9 +461,7 @@ class PostgresConnection:
     def close(self) -> None:
         self._forget_unsent()
         self._doomed = None
-        if self._connecting is not None:
-            self._connecting.abandon()
-            self._connecting = None
+        self._reconnector.abandon()
         self.raw.close()
 
     def __enter__(self) -> "PostgresConnection":
@@ -490,11 +482,11 @@ def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connec
     return raw
 
 
-def _unreachable(exc: psycopg.Error) -> sqlite3.OperationalError:
+def _unreachable(why: str, sqlstate: str | None = None) -> sqlite3.OperationalError:
     """What failing to reach a server that was reached before says: a lost connection, a fault
     that passes (`daemon.faults`: UNAVAILABLE)."""
-    error = sqlite3.OperationalError(f"cannot reach the database: {_first_line(exc)}")
-    error.sqlstate = exc.sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
+    error = sqlite3.OperationalError(f"cannot reach the database: {why}")
+    error.sqlstate = sqlstate or CONNECTION_LOST  # type: ignore[attr-defined]
     return error
 
 
@@ -507,7 +499,7 @@ def connect(url: str, *, read_only: bool = False, reached_before: bool = False) 
         raw = _raw_connection(url, read_only)
     except psycopg.Error as exc:
         if reached_before:
-            raise _unreachable(exc) from exc
+            raise _unreachable(_first_line(exc), exc.sqlstate) from exc
         raise DatabaseUnusable(f"cannot connect to the database {backend.shown(url)}: {_first_line(exc)}") from None
     return PostgresConnection(raw, url, read_only=read_only)
 

@@ -78,7 +78,8 @@ class Listener:
         self._retry_at = 0.0
         self._conn: psycopg.Connection[Any] | None = None
         self.last_error: str | None = None  # why it is not healthy, for the daemon's log
-        self._connecting: connecting.Connecting[psycopg.Connection[Any]] | None = None  # a connect under way
+        self._connector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
+            self._open, lambda conn: conn.close(), name="fredica-listener")
         self._connect(clock(), wait=CONNECT_TIMEOUT + 1.0)  # at start-up: healthy at once if it can be
 
     @property
@@ -127,9 +128,7 @@ class Listener:
         return count
 
     def close(self) -> None:
-        if self._connecting is not None:
-            self._connecting.abandon()
-            self._connecting = None
+        self._connector.abandon()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -147,19 +146,14 @@ class Listener:
         by default; at start-up, as long as a connect may take)."""
         import psycopg
 
-        first = self._connecting is None
-        if first:
-            self._connecting = connecting.Connecting(self._open, lambda conn: conn.close(), name="fredica-listener")
         try:
-            conn = self._connecting.result(wait if wait is not None else connecting.FIRST_WAIT if first else 0.0)
+            conn = self._connector.look(wait)
         except psycopg.Error as exc:
-            self._connecting = None
             self._lost(now, str(exc))
             return False
         if conn is None:
             self._retry_at = now + CONNECTING_LOOK  # not a failure: no backoff
             return False
-        self._connecting = None
         self._conn = conn
         self._delay = self._first
         self.last_error = None
