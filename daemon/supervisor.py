@@ -101,6 +101,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
         # The handles the last wait found ready; None: look at every child (no wait came first).
         self._ready: set[Any] | None = None
+        self._socket_only = False  # the last wait was ended by the control socket alone
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
         self._pending_grace = settings.shutdown_grace
@@ -187,7 +188,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 if (self._shutdown_deadline is not None and not self.running and not self.ahead
                         and not self._record_at_exit()):
                     break
-                self._wait(timeout)
+                self._wait_for_work(timeout)
         finally:
             # No step here may need the database (SPEC §13), and none may be skipped because
             # another failed: launchers left undismissed would keep this process from exiting.
@@ -244,7 +245,25 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             return
         self._handoff.answer(answers)
 
+    def _wait_for_work(self, timeout: float) -> None:
+        """Wait up to `timeout` for something a tick must handle. A wake-up that only the control
+        socket needed (a reply a handler thread made, a read request given to one, a connection
+        accepted or closed) is served by `_wait`'s step and waited out again: a tick then would
+        change nothing, since every change a tick acts on wakes the loop otherwise (requests and
+        signals through the hand-off's pipe, executors through their pipes, another host through
+        the listener) or is a deadline within `timeout`. Each such tick cost a transaction and a
+        claim look: one per `wait` answered, the latency of the submit that follows it."""
+        due = time.monotonic() + timeout
+        while True:
+            self._wait(timeout)
+            if not self._socket_only:
+                return
+            timeout = due - time.monotonic()
+            if timeout <= 0.0:
+                return
+
     def _wait(self, timeout: float) -> None:
+        self._socket_only = False
         handles: list[Any] = [self._handoff.wake_fd]
         io = self.io
         if io is not None:
@@ -266,17 +285,22 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         if self.wakeups is not None and self.wakeups.healthy:
             handles.append(self.wakeups)
         ready = pipes.ready(handles, max(0.0, timeout), writable=unsent)
+        woken_by_host = False
         if self.wakeups is not None:
             # Always: it also finds a dead listener and reconnects it (after its backoff). Every
             # tick claims what is claimable; what else another host's commit may have done is end
             # a task this loop runs (a cancel given there), looked at in the next tick.
-            if self.wakeups.drain() and (self.running or self.ahead):
+            woken_by_host = self.wakeups.drain()
+            if woken_by_host and (self.running or self.ahead):
                 self._look_for_replaced = True
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
         if io is not None:
             io.step()  # cheap when nothing is ready: one select with a zero timeout
+            # Checked after the step: a request it read may have been handed over to this loop.
+            self._socket_only = (self._ready <= {io} and bool(ready) and not woken_by_host
+                                 and not self._handoff.pending())
 
     # --- one tick -------------------------------------------------------------------------------
 

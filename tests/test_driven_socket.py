@@ -87,3 +87,52 @@ def test_a_write_refused_as_corruption_ends_the_loop_is_answered_not_cut_off(dri
         sock.sendall(protocol.encode(protocol.request("queue_pause", name="default"), protocol.MAX_REQUEST))
         reply = protocol.read_frame(sock, protocol.MAX_REPLY)
     assert reply["ok"] is False and "corrupt" in reply["error"]["message"], reply
+
+
+def _count_ticks(sup: Supervisor) -> list[float]:
+    """The times of the loop's ticks from now on (`run` looks `tick` up on each pass)."""
+    ticks: list[float] = []
+    tick = sup.tick
+
+    def counted(now: float | None = None) -> float:
+        ticks.append(now if now is not None else sup.clock())
+        return tick(now)
+
+    sup.tick = counted  # type: ignore[method-assign]
+    return ticks
+
+
+def _ask(sock: socket.socket, op: str, **args: Any) -> dict[str, Any]:
+    sock.sendall(protocol.encode(protocol.request(op, **args), protocol.MAX_REQUEST))
+    return protocol.read_frame(sock, protocol.MAX_REPLY, protocol.FrameReader(protocol.MAX_REPLY))
+
+
+def test_reads_answered_by_handler_threads_make_the_loop_tick_no_more(driven) -> None:
+    # Each reply a handler thread makes wakes the loop to write it. The tick that used to follow
+    # changed nothing and cost a transaction and a claim look, in front of the next request.
+    sup, path = driven(idle_poll_interval=60.0, warm_spare=False)
+    with connect(path) as sock:
+        assert _ask(sock, "ls")["ok"]  # connected, and the start-up ticks are behind
+        ticks = _count_ticks(sup)
+        for _ in range(20):
+            assert _ask(sock, "ls")["ok"]
+            assert _ask(sock, "status")["ok"]
+        assert len(ticks) <= 2, ticks  # 40 before: one per reply
+        before = len(ticks)
+        # A write is the loop's: it still ticks at once, its reply sent once that tick committed.
+        reply = _ask(sock, "submit", tasks=[{"type": "ECHO", "payload": {"x": 1}}])
+        assert reply["ok"], reply
+        assert len(ticks) > before
+
+
+def test_a_busy_socket_does_not_put_off_the_tick_that_is_due(driven) -> None:
+    # Waited out again after a socket-only wake-up, the wait still ends when the tick is due.
+    sup, path = driven(idle_poll_interval=0.2, warm_spare=False)
+    with connect(path) as sock:
+        ticks = _count_ticks(sup)
+
+        def ticked_twice() -> bool:
+            assert _ask(sock, "ls")["ok"]  # the socket never idle meanwhile
+            return len(ticks) >= 2
+
+        wait_for(ticked_twice, timeout=15)
