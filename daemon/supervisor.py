@@ -101,7 +101,6 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
         # The handles the last wait found ready; None: look at every child (no wait came first).
         self._ready: set[Any] | None = None
-        self._socket_only = False  # the last wait was ended by the control socket alone
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
         self._pending_grace = settings.shutdown_grace
@@ -254,16 +253,15 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         the listener) or is a deadline within `timeout`. Each such tick cost a transaction and a
         claim look: one per `wait` answered, the latency of the submit that follows it."""
         due = time.monotonic() + timeout
-        while True:
-            self._wait(timeout)
-            if not self._socket_only:
-                return
+        while self._wait(timeout):
             timeout = due - time.monotonic()
             if timeout <= 0.0:
                 return
 
-    def _wait(self, timeout: float) -> None:
-        self._socket_only = False
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the handles a tick serves; whether only the control socket
+        had anything (its step has served it). An early end with nothing ready is the socket's
+        own deadline: the caller's timeout is not over."""
         handles: list[Any] = [self._handoff.wake_fd]
         io = self.io
         if io is not None:
@@ -296,11 +294,11 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
-        if io is not None:
-            io.step()  # cheap when nothing is ready: one select with a zero timeout
-            # Checked after the step: a request it read may have been handed over to this loop.
-            self._socket_only = (self._ready <= {io} and bool(ready) and not woken_by_host
-                                 and not self._handoff.pending())
+        if io is None:
+            return False
+        io.step()  # cheap when nothing is ready: one select with a zero timeout
+        # Checked after the step: a request it read may have been handed over to this loop.
+        return self._ready <= {io} and not woken_by_host and not self._handoff.pending()
 
     # --- one tick -------------------------------------------------------------------------------
 
