@@ -101,6 +101,11 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self._outbox: list[Callable[[], None]] = []  # run after the tick's commit
         # The handles the last wait found ready; None: look at every child (no wait came first).
         self._ready: set[Any] | None = None
+        self._woken_by_host = False  # the last wait drained a wake-up of another supervisor's
+        # When the tick after the last whole one is due (on the loop's clock), and how many calls
+        # of the requests just run gave it nothing to do (`_requests_were_all`).
+        self._tick_due = 0.0
+        self._calls_without_work = 0
         self._stop_requested = threading.Event()
         self._shutdown_deadline: float | None = None
         self._pending_grace = settings.shutdown_grace
@@ -291,6 +296,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             woken_by_host = self.wakeups.drain()
             if woken_by_host and (self.running or self.ahead):
                 self._look_for_replaced = True
+        self._woken_by_host = woken_by_host
         self._ready = set(ready)
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
@@ -328,16 +334,19 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 self.conn.execute("ROLLBACK")
         try:
             if self._handoff.pending():
+                self._calls_without_work = 0
                 with db.write(self.conn):
                     answers = self._handoff.run_calls(self.conn)
                 self._handoff.answer(answers)
                 if self.io is not None:
                     self.io.flush()  # answered before the tick's own work, not after it
                 self._handoff.note_commit()
-                answers = []
+                calls, answers = len(answers), []
                 self._stops = []  # committed: a rollback of what follows must not undo them
                 queues_before = self.queues.state()  # nor the queues' pauses and sizes
                 self._flush_outbox()  # the requests' commands to their processes
+                if self._requests_were_all(calls, self.clock() if now is None else now):
+                    return max(0.0, self._tick_due - (self.clock() if now is None else now))
             with db.write(self.conn):
                 # Requests that came since wait for the next tick's own transaction (the loop's
                 # wake-up pipe says they are there): run here, their answer would wait behind this
@@ -347,6 +356,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 now = self.clock() if now is None else now
                 self._note_shutdown(now)
                 timeout = self._tick(now)
+                self._tick_due = now + timeout
         except BaseException as exc:
             kind = faults.classify(exc)
             self._roll_back_memory()
@@ -365,6 +375,22 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             db.set_busy_timeout(self.conn, db.BUSY_TIMEOUT)
         self._flush_outbox()
         return timeout
+
+    def _requests_were_all(self, calls: int, now: float) -> bool:
+        """Whether the `calls` just committed were all that woke the loop, and gave its tick
+        nothing to do: submissions whose every new task waits for a dependency or is held, with
+        no deadline of the last whole tick passed. Such a tick would only look for claims that
+        cannot be there (BEGIN, one claim read, COMMIT), in front of the next request: a
+        producer submitting a pipeline paid it once per call. Whatever else can change what a
+        tick does wakes the loop through a handle of its own (an executor's pipe, another
+        host's wake-up, a signal's request) or is one of those deadlines."""
+        return (
+            calls > 0 and self._calls_without_work == calls
+            and self._ready is not None and self._ready <= {self._handoff.wake_fd, self.io}
+            and not self._woken_by_host and not self._look_for_replaced
+            and now < self._tick_due and not self._claims_left
+            and not self._stop_requested.is_set() and not self._starts and not self.unrecorded
+        )
 
     def _note_shutdown(self, now: float) -> None:
         if self._stop_requested.is_set() and self._shutdown_deadline is None:

@@ -136,3 +136,44 @@ def test_a_busy_socket_does_not_put_off_the_tick_that_is_due(driven) -> None:
             return len(ticks) >= 2
 
         wait_for(ticked_twice, timeout=15)
+
+
+def _count_whole_ticks(sup: Supervisor) -> list[None]:
+    """One entry per tick that ran its own transaction (claims, attempts, deadlines) from now on."""
+    ticks: list[None] = []
+    whole = sup._tick
+
+    def counted(now: float) -> float:
+        ticks.append(None)
+        return whole(now)
+
+    sup._tick = counted  # type: ignore[method-assign]
+    return ticks
+
+
+def _status(path: Path, task_id: str) -> str:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0]
+
+
+def test_submissions_that_leave_nothing_to_claim_are_not_followed_by_a_tick(driven, tmp_path: Path) -> None:
+    # A producer submitting a pipeline: each task waits for one before it. The tick that followed
+    # each such request looked for claims that could not be there, in front of the next request.
+    sup, path = driven(idle_poll_interval=60.0, warm_spare=False)
+    with connect(path) as sock:
+        gate = _ask(sock, "submit", tasks=[{"type": "ECHO", "hold": True}])["data"]["tasks"][0]["id"]
+        ticks = _count_whole_ticks(sup)
+        waiting = []
+        for n in range(20):
+            reply = _ask(sock, "submit", tasks=[{"type": "ECHO", "payload": {"n": n}, "depends_on": [gate]}])
+            assert reply["ok"], reply
+            waiting.append(reply["data"]["tasks"][0]["id"])
+        assert _ask(sock, "submit", tasks=[{"type": "ECHO", "hold": True}])["ok"]  # held: nothing to claim either
+        assert len(ticks) <= 2, ticks  # 21 before: one per request
+        # A task that can start at once is claimed by the tick after its request, as ever (the
+        # idle poll is a minute: only that tick can start it).
+        ready = _ask(sock, "submit", tasks=[{"type": "ECHO", "payload": {"now": True}}])["data"]["tasks"][0]["id"]
+        wait_for(lambda: _status(tmp_path / "f.db", ready) == "completed", timeout=15)
+        # Any other request ticks too: a release makes the gate claimable, and its dependents follow.
+        assert _ask(sock, "release", ids=[gate])["ok"]
+        wait_for(lambda: all(_status(tmp_path / "f.db", t) == "completed" for t in waiting), timeout=15)

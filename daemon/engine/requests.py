@@ -100,10 +100,16 @@ class TakesRequests:
         the loop claims them on its next tick. A queue that is not configured refuses it all."""
         check_executors(specs, self.registry)  # in the request's thread: the loop waits for none of it
         self.queues.check_specs(specs)
-        return self.call(
-            lambda: tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id,
-                                 routes=self.queues.routes)
-        )
+        return self.call(lambda: self._submit_in_loop(specs, template, material_id))
+
+    def _submit_in_loop(
+        self: Supervisor, specs: Sequence[TaskSpec], template: str, material_id: str | None
+    ) -> tasks.Submission:
+        submission = tasks.submit(self.conn, specs, now=self.clock(), template=template, material_id=material_id,
+                                  routes=self.queues.routes)
+        if not submission.startable:
+            self._calls_without_work += 1  # nothing for a claim: see Supervisor.tick
+        return submission
 
     def cancel(self: Supervisor, target_id: str) -> CancelReport:
         """Cancel a task, or every unfinished task of a run (SPEC §7)."""

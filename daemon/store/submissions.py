@@ -51,6 +51,9 @@ class Submission:
 
     run_id: str | None
     tasks: tuple[SubmittedTask, ...]
+    # How many of the new tasks a claim can take at once (no dependency left to end, not held):
+    # with none, a submission gives the scheduler nothing to do until something else happens.
+    startable: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,7 @@ def insert_run(
         run_id = runs.create(conn, template=template, material_id=material_id, now=now, tasks=len(specs))
         outcomes: list[SubmittedTask] = []
         doomed: list[tuple[str, str]] = []
+        startable = 0
         # (seq, status) of each spec's task, for dependencies inside the batch.
         batch: list[tuple[int, TaskStatus]] = []
         for spec, deps in zip(specs, resolved):
@@ -116,6 +120,7 @@ def insert_run(
             else:
                 outcomes.append(SubmittedTask(inserted[1], created=True))
                 batch.append((inserted[0], TaskStatus.PENDING))
+                startable += not spec.hold and all(status is TaskStatus.COMPLETED for _, status in by_id.values())
                 dead = next((i for i, (_, status) in by_id.items() if status in DEAD), None)
                 if dead is not None:
                     # Stored, then cancelled by the caller: its batch dependents go with it, by
@@ -126,7 +131,7 @@ def insert_run(
             runs.delete_empty(conn, run_id)
         elif created < len(specs):
             runs.add_tasks(conn, run_id, created - len(specs), now)
-    return StoredRun(Submission(run_id if created else None, tuple(outcomes)), tuple(doomed))
+    return StoredRun(Submission(run_id if created else None, tuple(outcomes), startable), tuple(doomed))
 
 
 def _lookup_dependencies(
