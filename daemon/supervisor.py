@@ -102,8 +102,9 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         # The handles the last wait found ready; None: look at every child (no wait came first).
         self._ready: set[Any] | None = None
         self._woken_by_host = False  # the last wait drained a wake-up of another supervisor's
-        # When the tick after the last whole one is due (on the loop's clock), and how many calls
-        # of the requests just run gave it nothing to do (`_requests_were_all`).
+        # When the tick after the last whole one is due (time.monotonic: a step of the wall clock
+        # must not put it off), and how many calls of the requests just run gave it nothing to do
+        # (`_requests_were_all`).
         self._tick_due = 0.0
         self._calls_without_work = 0
         self._stop_requested = threading.Event()
@@ -298,6 +299,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 self._look_for_replaced = True
         self._woken_by_host = woken_by_host
         self._ready = set(ready)
+        if not woken_by_host:
+            self._ready.discard(self.wakeups)  # its own notifications only, or a reconnect's wait
         if self._handoff.wake_fd in ready:
             self._handoff.clear_wake_ups()
         if io is None:
@@ -345,8 +348,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 self._stops = []  # committed: a rollback of what follows must not undo them
                 queues_before = self.queues.state()  # nor the queues' pauses and sizes
                 self._flush_outbox()  # the requests' commands to their processes
-                if self._requests_were_all(calls, self.clock() if now is None else now):
-                    return max(0.0, self._tick_due - (self.clock() if now is None else now))
+                if self._requests_were_all(calls):
+                    return max(0.0, self._tick_due - time.monotonic())
             with db.write(self.conn):
                 # Requests that came since wait for the next tick's own transaction (the loop's
                 # wake-up pipe says they are there): run here, their answer would wait behind this
@@ -356,8 +359,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 now = self.clock() if now is None else now
                 self._note_shutdown(now)
                 timeout = self._tick(now)
-                self._tick_due = now + timeout
         except BaseException as exc:
+            self._tick_due = 0.0  # rolled back: the next tick is a whole one
             kind = faults.classify(exc)
             self._roll_back_memory()
             self.queues.restore(queues_before)
@@ -366,6 +369,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             if kind is None:
                 raise
             return self._on_database_fault(kind, exc, self.clock() if now is None else now)
+        self._tick_due = time.monotonic() + timeout  # committed
         self._handoff.answer(answers)
         self._handoff.note_commit()
         if self.fault is not None:
@@ -376,7 +380,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         self._flush_outbox()
         return timeout
 
-    def _requests_were_all(self, calls: int, now: float) -> bool:
+    def _requests_were_all(self, calls: int) -> bool:
         """Whether the `calls` just committed were all that woke the loop, and gave its tick
         nothing to do: submissions whose every new task waits for a dependency or is held, with
         no deadline of the last whole tick passed. Such a tick would only look for claims that
@@ -385,10 +389,10 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         tick does wakes the loop through a handle of its own (an executor's pipe, another
         host's wake-up, a signal's request) or is one of those deadlines."""
         return (
-            calls > 0 and self._calls_without_work == calls
+            calls > 0 and self._calls_without_work == calls and self.fault is None
             and self._ready is not None and self._ready <= {self._handoff.wake_fd, self.io}
             and not self._woken_by_host and not self._look_for_replaced
-            and now < self._tick_due and not self._claims_left
+            and time.monotonic() < self._tick_due and not self._claims_left
             and not self._stop_requested.is_set() and not self._starts and not self.unrecorded
         )
 

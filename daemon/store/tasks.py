@@ -406,7 +406,8 @@ def submit(
         stored = submissions.insert_run(
             conn, specs, now=now, template=template, material_id=material_id, routes=routes
         )
-        wakeups.notify(conn)  # the other supervisors of a PostgreSQL queue claim it at once
+        if stored.submission.startable:  # the other supervisors of a PostgreSQL queue claim it at once
+            wakeups.notify(conn)
         for task_id, dead in stored.doomed:
             if _current(conn, task_id)["status"] != TaskStatus.PENDING.value:
                 continue  # cancelled already, as a dependent of a doomed task earlier in the batch
