@@ -73,6 +73,9 @@ class Settings:
     # PostgreSQL (SPEC §16): supervisors wake each other with LISTEN/NOTIFY; off behind a pooler
     # that passes no LISTEN (PgBouncer in transaction mode), where they only poll.
     notify: bool = True
+    # PostgreSQL: seconds a round trip may wait for the server's answer before the session is
+    # given up as lost (a frozen host, a network dropping packets), and ridden out as an outage.
+    database_answer_timeout: float = 60.0
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     executors: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -154,6 +157,7 @@ DAEMON_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[Any, str] | None]] =
     "max_task_log_bytes": (int, (lambda v: v >= 64 * 1024, "must be at least 65536")),
     "keep_finished": (str, (lambda v: _is_duration(v), 'must be a duration like "30d", "12h" or "0" (keep everything)')),
     "notify": (bool, None),
+    "database_answer_timeout": ((int, float), _POSITIVE),
 }
 RETRY_KEYS = {
     "backoff_base": ((int, float), _NON_NEGATIVE),

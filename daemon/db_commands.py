@@ -60,7 +60,9 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
             raise CopyRefused(f"cannot read {sqlite_file}: {exc}") from None
         with contextlib.closing(source):
             copying.check_source(source, str(sqlite_file))
-            with connection.connect(postgres_url) as target:
+            # Unwatched (`answer_watch`): one long transaction, whose lock waits for a daemon's
+            # writes and whose ANALYZE and COMMIT grow with the queue.
+            with connection.connect(postgres_url) as target, target.unwatched():
                 # Before migrating: a database that holds another queue is refused untouched.
                 copying.refuse_unless_empty(target, shown_target)
                 try:

@@ -73,7 +73,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         and steps the loop with `tick(now)` (tests/fake_processes.py)."""
         self.settings = settings
         self.clock = clock
-        self.conn = db.open_database(settings.database, synchronous=settings.synchronous)
+        self.conn = db.open_database(settings.database, synchronous=settings.synchronous,
+                                     answer_timeout=settings.database_answer_timeout)
         processes.anchor_to(self.conn)  # before any process start is recorded or looked for
         self.registry = registry if registry is not None else Registry.from_config(settings.executors)
         templates.check_task_types(settings.templates, self.registry)

@@ -2,10 +2,12 @@
 supervisor, cancel and pause act on a running task, kill -9 and a restart recover only this
 supervisor's own tasks, SIGTERM gives the lease up, a second supervisor of one name is refused,
 reads answer with no daemon, and an outage of the server is ridden out (its errors known by their
-SQLSTATE). A SQLite daemon never loads the driver."""
+SQLSTATE), as is a server that stops answering with its connections open. A SQLite daemon never
+loads the driver."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +15,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -27,6 +30,7 @@ from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
 from tests.postgres_cluster import Cluster, HeldConnect
 from tests.postgres_daemons import fredica, hang, ok, on_postgres, url  # noqa: F401 (fixtures)
+from tests.stalling_proxy import StallingProxy
 from tests.web_harness import free_port
 
 def lease_of(url: str, name: str) -> supervisors.SupervisorRow | None:
@@ -226,6 +230,150 @@ def test_a_server_that_ends_the_session_makes_a_lost_connection(postgres_cluster
         assert not db.is_lost(conn) and conn.execute("SELECT 1").fetchone()[0] == 1
     finally:
         conn.close()
+
+
+def _sessions_of(url: str, *, idle: bool = False) -> list[int]:
+    """The server processes of every session of `url`'s database but the caller's own; with
+    `idle`, none unless every one is between statements, outside a transaction."""
+    conn = db.connect_read_only(url)
+    try:
+        rows = conn.execute(
+            "SELECT pid, state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        ).fetchall()
+    finally:
+        conn.close()
+    if idle and any(row[1] != "idle" for row in rows):
+        return []
+    return [row[0] for row in rows]
+
+
+@contextlib.contextmanager
+def frozen(pids: list[int]) -> Iterator[None]:
+    """Those server processes stopped (SIGSTOP), as a frozen host or a network dropping every
+    packet leaves a session: the connection open, no answer coming. Thawed at the end."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _statement_in_a_thread(conn: sqlite3.Connection, sql: str) -> BaseException | None:
+    """Run `sql` on another thread; what it raised (None: it succeeded). The test fails, rather
+    than hang, if it is still waiting after 30 s."""
+    outcome: list[BaseException | None] = []
+
+    def statement() -> None:
+        try:
+            conn.execute(sql)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 (looked at by the caller)
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=statement, daemon=True)
+    waiting.start()
+    waiting.join(30)  # without the watch: libpq waits as long as no answer comes
+    assert not waiting.is_alive(), f"{sql!r} still waits for a server that does not answer"
+    return outcome[0]
+
+
+@contextlib.contextmanager
+def answer_limit(seconds: float) -> Iterator[None]:
+    """This process's sessions wait `seconds` for an answer (the daemon's database_answer_timeout)."""
+    from daemon.store.postgres import answer_watch
+
+    before, answer_watch.WATCH.limit = answer_watch.WATCH.limit, seconds
+    try:
+        yield
+    finally:
+        answer_watch.WATCH.limit = before
+
+
+def test_a_session_whose_server_stops_answering_is_given_up_as_lost(url: str) -> None:
+    conn = db.open_database(url)
+    try:
+        server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with frozen([server_pid]), answer_limit(0.5):
+            lost = _statement_in_a_thread(conn, "SELECT 1")
+        assert isinstance(lost, sqlite3.OperationalError), lost
+        assert str(lost) == "cannot reach the database: the server did not answer within 0.5 s", lost
+        assert faults.classify(lost) is faults.Kind.UNAVAILABLE and db.is_lost(conn)
+        wait_for(lambda: _reconnected(conn), 30)
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_a_session_cut_off_by_the_network_is_given_up_and_its_transaction_ended(
+    postgres_cluster: Cluster, url: str, tmp_path: Path
+) -> None:
+    # A network that drops every packet: the server's session lives on, in its transaction, with
+    # its row locks, and never hears that its client has gone. Once the client has a new session
+    # it ends the old one: otherwise every writer of those rows (the next heartbeat, the lease)
+    # would wait for it until the server's keepalives give up, hours by default.
+    import psycopg
+
+    proxy = StallingProxy(tmp_path, Path(postgres_cluster.socket_dir))
+    conn = db.open_database(proxy.url(url))
+    try:
+        conn.execute("INSERT INTO queue_state (name, paused, changed_at) VALUES ('q', 0, 0)")
+        conn.execute("BEGIN")
+        conn.execute("UPDATE queue_state SET paused = 1 WHERE name = 'q'")  # the row is locked
+        proxy.cut_all()
+        with answer_limit(0.5):
+            lost = _statement_in_a_thread(conn, "SELECT 1")
+            assert isinstance(lost, sqlite3.OperationalError) and "did not answer within 0.5 s" in str(lost), lost
+            wait_for(lambda: _reconnected(conn), 30)
+        with psycopg.connect(url, autocommit=True) as other:
+            other.execute("SET lock_timeout = '20s'")  # an error, not a hang, if the old session lives on
+            other.execute("UPDATE queue_state SET paused = 2 WHERE name = 'q'")
+        assert conn.execute("SELECT paused FROM queue_state WHERE name = 'q'").fetchone()[0] == 2
+    finally:
+        conn.close()
+        proxy.close()
+
+
+def _reconnected(conn: sqlite3.Connection) -> bool:
+    try:
+        db.reconnect(conn)
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def test_a_server_that_stops_answering_is_ridden_out_and_tasks_go_on_meanwhile(
+    on_postgres: Callable[..., Daemon], url: str, tmp_path: Path
+) -> None:
+    d = on_postgres(database_answer_timeout=1).start()
+    gate = {"ready_file": str(tmp_path / "ready"), "gate_file": str(tmp_path / "gate")}
+    running = d.submit("GATED", payload=gate)
+    wait_for((tmp_path / "ready").exists)
+
+    def given_up() -> list[dict[str, object]]:
+        return [e for e in d.log_events()
+                if e["event"] == "database_fault" and "did not answer within 1 s" in str(e.get("error"))]
+
+    before = len(given_up())
+    # Frozen between statements (a process stopped in the middle of one could hold the server's
+    # internal locks, and stall every session of the cluster): the loop's session, its readers'
+    # and its listener's.
+    sessions = wait_for(lambda: _sessions_of(url, idle=True), timeout=30)
+    with frozen(sessions):
+        # The loop's next round trip (the look at its running attempt's row, within a second)
+        # waits in vain: given up after 1 s, the outage is ridden out on new sessions.
+        wait_for(lambda: len(given_up()) > before, timeout=30)
+        # While the old sessions still hang, the daemon works: a task submitted now runs, the one
+        # running ends and is recorded, and reads answer.
+        after = wait_for(lambda: _submitted(d), timeout=30)
+        assert d.wait_task(after, "completed")["status"] == "completed"
+        (tmp_path / "gate").touch()
+        assert d.wait_task(running, "completed")["status"] == "completed"
+        assert "completed" in ok(d, "status")
+    assert d.process is not None and d.process.poll() is None
 
 
 @pytest.fixture

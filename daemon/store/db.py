@@ -282,15 +282,17 @@ def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
 
 
 def open_database(
-    path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT
+    path: str | Path, *, synchronous: str = "NORMAL", busy_timeout: float = BUSY_TIMEOUT,
+    answer_timeout: float | None = None,
 ) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path`, check that it is whole and writable, and
     bring its schema up to date. DatabaseUnusable, with nothing changed, when it is not (SPEC §13).
-    A `postgresql://` URL opens that PostgreSQL database instead (`postgres/`, SPEC §16)."""
+    A `postgresql://` URL opens that PostgreSQL database instead (`postgres/`, SPEC §16), whose
+    server this process's sessions wait for `answer_timeout` seconds at most per round trip."""
     if backend.is_postgres(path):
         from daemon.store.postgres import connection  # only here: SQLite users never import psycopg
 
-        return connection.open_database(str(path))  # type: ignore[return-value]
+        return connection.open_database(str(path), answer_timeout=answer_timeout)  # type: ignore[return-value]
     path = Path(path)
     wal = Path(f"{path}-wal")
     if not path.exists() and wal.exists():

@@ -54,7 +54,9 @@ import contextlib
 import functools
 import re
 import sqlite3
-from typing import Any, Callable, Iterable, Sequence
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 import psycopg.pq
@@ -62,7 +64,7 @@ import psycopg.sql
 
 from daemon.errors import DatabaseUnusable
 from daemon.store import backend, db
-from daemon.store.postgres import connecting
+from daemon.store.postgres import answer_watch, connecting
 
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"^\s*INSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
@@ -290,6 +292,16 @@ class PostgresConnection:
         self._begin_unsent = False
         # The failure of a held statement, which dooms its transaction (`_pipelined`).
         self._doomed: sqlite3.Error | None = None
+        # When the round trip under way began (None: none is), for the watch that gives up a
+        # session whose server stopped answering (`answer_watch`); what it waited, once it has.
+        self.waiting_since: float | None = None
+        self.answer_lock = threading.Lock()
+        self.watched = True  # False: round trips that may rightly wait long (`unwatched`)
+        self._given_up_after: float | None = None
+        # The server process of a session given up: ended once a new session is had, so that the
+        # transaction it may hold (and its row locks) does not wait for the server to notice.
+        self._abandoned_pid: int | None = None
+        answer_watch.WATCH.watch(self)
         read_only = self.read_only
         self._reconnector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
             lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
@@ -314,6 +326,7 @@ class PostgresConnection:
         if not self._reconnector.under_way:
             self._forget_unsent()  # they belonged to the session that is gone
             self._doomed = None
+            self._given_up_after = None
             with contextlib.suppress(psycopg.Error):
                 self.raw.close()
         try:
@@ -323,6 +336,20 @@ class PostgresConnection:
         if raw is None:
             raise _unreachable("still connecting")
         self.raw = raw
+        abandoned, self._abandoned_pid = self._abandoned_pid, None
+        if abandoned is not None:
+            with contextlib.suppress(psycopg.Error):
+                raw.execute("SELECT pg_terminate_backend(%s)", [abandoned])
+
+    @contextlib.contextmanager
+    def unwatched(self) -> Iterator[None]:
+        """Round trips inside that the answer watch leaves alone: those that may rightly wait long
+        (a migration waits for the lock that `fredica db copy` holds for its whole copy)."""
+        before, self.watched = self.watched, False
+        try:
+            yield
+        finally:
+            self.watched = before
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
         deferred = self.deferred
@@ -332,12 +359,16 @@ class PostgresConnection:
         kind, name = _kind(text)
         if self.wakeup_queued and kind in _FORGETS_WAKEUP:
             self.wakeup_queued = False
+        if self.watched:
+            self.waiting_since = time.monotonic()
         try:
             # Parameters always given, if none: psycopg then reads the text's `%%` as the `%` it
             # stands for (`translate` doubles every one), where with None it sends `%%` as it is.
             cursor = self._execute(text, params, kind, name)
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc, self.raw) from exc
+            raise self._error(exc) from exc
+        finally:
+            self._answered()
         if deferred is not None and deferred.pending:
             db.after(deferred, sql)
         return cursor
@@ -413,6 +444,8 @@ class PostgresConnection:
                     answers.append(self.raw.execute(held, held_params))
                 cursor = carrier()
         except psycopg.Error as exc:
+            if self._given_up_after is not None or db.is_lost(self):
+                raise  # the session is gone (or given up): no transaction is left to doom
             # The statements before the one that failed have their results, and none after it do.
             if len(answers) < len(unsent) or any(answer.pgresult is None for answer in answers):
                 self._doomed = _held_failed(exc, self.raw)
@@ -430,13 +463,40 @@ class PostgresConnection:
             db.before(self, deferred, sql)
         if self._doomed is not None:
             raise _again(self._doomed)
+        if self.watched:
+            self.waiting_since = time.monotonic()
         try:
             cursor = self.raw.cursor()
             # In a pipeline, as psycopg's executemany runs anyway: the held statements first.
             self._pipelined(lambda: cursor.executemany(translate(sql), list(seq_of_params)))
         except psycopg.Error as exc:
-            raise _as_sqlite_error(exc, self.raw) from exc
+            raise self._error(exc) from exc
+        finally:
+            self._answered()
         return cursor
+
+    def _answered(self) -> None:
+        with self.answer_lock:  # the watch shuts no socket once this round trip is over
+            self.waiting_since = None
+
+    def give_up(self, limit: float) -> None:
+        """The server has not answered the round trip under way within `limit` seconds: end the
+        session (`answer_watch`; called on the watch's thread), which makes that round trip fail
+        as a lost connection."""
+        # Set first: the owner's thread raises as soon as the socket is shut, and must say why.
+        self._given_up_after = limit
+        try:
+            self._abandoned_pid = self.raw.info.backend_pid
+            if answer_watch.shut(self.raw.pgconn.socket):
+                return
+        except psycopg.Error:
+            pass
+        self._given_up_after = self._abandoned_pid = None  # not shut (closed meanwhile): nothing was given up
+
+    def _error(self, exc: psycopg.Error) -> sqlite3.Error:
+        if self._given_up_after is not None:
+            return _unreachable(f"the server did not answer within {self._given_up_after:g} s")
+        return _as_sqlite_error(exc, self.raw)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
         """Write `rows` (values in the order of `columns`) into `table` with COPY, in the current
@@ -476,6 +536,9 @@ RECONNECT_TIMEOUT = 2
 
 
 def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connection[Any]:
+    # A connect to a server that does not answer waits for connect_timeout (libpq's, whole
+    # seconds, at least 2), not for ever: a reader's thread reconnects after a session given up.
+    options.setdefault("connect_timeout", max(2, round(answer_watch.WATCH.limit)))
     raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **options)
     if read_only:
         raw.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
@@ -504,13 +567,18 @@ def connect(url: str, *, read_only: bool = False, reached_before: bool = False) 
     return PostgresConnection(raw, url, read_only=read_only)
 
 
-def open_database(url: str) -> PostgresConnection:
-    """Connect to the database at `url` and bring its schema up to date (SPEC §13, §16)."""
+def open_database(url: str, *, answer_timeout: float | None = None) -> PostgresConnection:
+    """Connect to the database at `url` and bring its schema up to date (SPEC §13, §16).
+    `answer_timeout`: how long a round trip of this process's sessions may wait for the server's
+    answer from now on (`answer_watch`; the daemon's `database_answer_timeout`)."""
     from daemon.store.postgres import migrations
 
+    if answer_timeout is not None:
+        answer_watch.WATCH.limit = answer_timeout
     conn = connect(url)
     try:
-        migrations.migrate(conn)
+        with conn.unwatched():  # may wait for the lock of a `fredica db copy` under way
+            migrations.migrate(conn)
     except BaseException:
         conn.close()
         raise
