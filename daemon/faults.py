@@ -47,6 +47,10 @@ REFUSALS = {
     Kind.CORRUPT: "the database is corrupt: the daemon is stopping; nothing was changed",
     Kind.UNAVAILABLE: "the database is unavailable (connection lost): nothing was changed",
 }
+# A connection lost while its COMMIT was on the way: the server may have committed it (the answer
+# is what was lost), or not. Nobody can say which until it is reached again.
+IN_DOUBT = ("the connection to the database was lost as the change was being committed: it may have been "
+            "made; look before asking again")
 
 _KINDS = (
     ("SQLITE_FULL", Kind.FULL),
@@ -78,8 +82,10 @@ class DatabaseCorrupt(Exception):
     """The database was found corrupt at runtime: the daemon must end (SPEC §13)."""
 
 
-def refusal(kind: Kind) -> DatabaseFault:
-    """What a request refused for a fault of this kind is told."""
+def refusal(kind: Kind, exc: BaseException | None = None) -> DatabaseFault:
+    """What a request refused for a fault of this kind (`exc`, if known) is told."""
+    if kind is Kind.UNAVAILABLE and getattr(exc, "in_doubt", False):
+        return DatabaseFault(IN_DOUBT)
     return DatabaseFault(REFUSALS[kind])
 
 

@@ -117,6 +117,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         # SPEC §13: while the database cannot be written, what the loop still has to record waits
         # here: attempts that ended (their processes released) and, in `running`, their mirrors.
         self.fault: faults.WriteFault | None = None
+        self.attempts_in_doubt = False  # reconnected: rows of ours may have no attempt behind them
         self.unrecorded: list[Attempt] = []
         # What this tick did that its rollback must undo in memory: attempts it finished (back to
         # `unrecorded`) and attempts it dispatched (their processes back to the pool).
@@ -366,11 +367,12 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
             self._roll_back_memory()
             self.queues.restore(queues_before)
             self.idle.resize(self.queues.total_workers)
-            self._handoff.refuse(answers, faults.refusal(kind) if kind is not None else exc)
+            self._handoff.refuse(answers, faults.refusal(kind, exc) if kind is not None else exc)
             if kind is None:
                 raise
             return self._on_database_fault(kind, exc, self.clock() if now is None else now)
         self._tick_due = time.monotonic() + timeout  # committed
+        self.attempts_in_doubt = False
         self._handoff.answer(answers)
         self._handoff.note_commit()
         if self.fault is not None:
@@ -390,7 +392,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         tick does wakes the loop through a handle of its own (an executor's pipe, another
         host's wake-up, a signal's request) or is one of those deadlines."""
         return (
-            calls > 0 and self._calls_without_work == calls and self.fault is None
+            calls > 0 and self._calls_without_work == calls and self.fault is None and not self.attempts_in_doubt
             and self._ready is not None and self._ready <= {self._handoff.wake_fd, self.io}
             and not self._woken_by_host and not self._look_for_replaced
             and time.monotonic() < self._tick_due and not self._claims_left
@@ -410,6 +412,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 self._revoke(rt, "shutdown", now)
 
     def _tick(self, now: float) -> float:
+        if self.attempts_in_doubt:  # first, while `unrecorded` still holds what ended meanwhile
+            self._put_back_unheld(now)
         if self._starts:  # started while the database could not be written: recorded first
             self._record_starts(now)
         if self.unrecorded:  # ended while the database could not be written

@@ -376,6 +376,84 @@ def test_a_server_that_stops_answering_is_ridden_out_and_tasks_go_on_meanwhile(
     assert d.process is not None and d.process.poll() is None
 
 
+def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str, tmp_path: Path) -> None:
+    """A tick claims and starts a task, and its COMMIT reaches the server, but the answer is lost
+    with the connection: the loop takes the tick for rolled back, and the task never goes to a
+    process. After the reconnect the loop finds the row running under its name with no attempt
+    of its own behind it, and puts it back: it then runs, once."""
+    import psycopg
+
+    from daemon.config import Settings
+    from daemon.submission import parse_spec
+    from daemon.supervisor import Supervisor
+
+    sup = Supervisor(Settings(
+        database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+        executors={"PRINT": "tests.sample_executors:Printer"}, notify=False, warm_spare=False,
+    ))
+    conn = sup.conn
+    real_send = conn._send  # type: ignore[attr-defined]
+    sent: list[str] = []  # this transaction's statements
+    lost: list[str] = []
+
+    def send(text: str, params: object) -> object:
+        answer = real_send(text, params)
+        sent.append(text)
+        if text == "COMMIT":
+            starts = any(earlier.startswith("UPDATE task") and "executor_pid" in earlier for earlier in sent)
+            sent.clear()
+            if starts and not lost:
+                lost.append(text)
+                conn.raw.close()  # committed; its answer goes with the connection
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return answer
+
+    conn._send = send  # type: ignore[attr-defined]
+    try:
+        task_id = sup.submit([parse_spec({"type": "PRINT"})]).tasks[0].id
+        wait_for(lambda: sup.tick() is not None and lost, timeout=30)
+        assert sup.fault is not None and task_id not in sup.running  # taken for rolled back
+        other = db.connect_read_only(url)
+        try:
+            assert other.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0] == "running"
+            wait_for(lambda: sup.tick() is not None and
+                     other.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0] == "completed",
+                     timeout=30)
+            attempt = other.execute("SELECT attempt FROM task WHERE id = ?", (task_id,)).fetchone()[0]
+        finally:
+            other.close()
+        assert attempt == 2  # the claim in doubt, and the one after it was put back
+        log = (tmp_path / "logs" / "tasks" / f"{task_id}.log").read_text()
+        assert log.count("hello on stdout") == 1, log  # it ran once
+    finally:
+        sup.idle.dismiss_all()
+        sup.conn.close()
+
+
+def test_a_commit_whose_connection_is_lost_is_refused_as_in_doubt_not_as_undone(
+    postgres_cluster: Cluster, url: str
+) -> None:
+    conn = db.open_database(url)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO queue_state (name, paused, changed_at) VALUES ('q', 0, 0)")
+        lost_before_commit = lose_session(postgres_cluster, url, conn)  # a statement before the COMMIT
+        assert not getattr(lost_before_commit, "in_doubt", False)
+        assert str(faults.refusal(faults.Kind.UNAVAILABLE, lost_before_commit)).endswith("nothing was changed")
+        wait_for(lambda: _reconnected(conn), 30)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO queue_state (name, paused, changed_at) VALUES ('q', 0, 0)")
+        postgres_cluster.admin(f"SELECT pg_terminate_backend({conn.raw.info.backend_pid})")  # type: ignore[attr-defined]
+        with pytest.raises(sqlite3.OperationalError) as lost:
+            conn.execute("COMMIT")
+        assert getattr(lost.value, "in_doubt", False) and faults.classify(lost.value) is faults.Kind.UNAVAILABLE
+        assert str(faults.refusal(faults.Kind.UNAVAILABLE, lost.value)) == (
+            "the connection to the database was lost as the change was being committed: it may have been made; "
+            "look before asking again")
+    finally:
+        conn.close()
+
+
 @pytest.fixture
 def held_reconnect(
     postgres_cluster: Cluster, url: str, monkeypatch: pytest.MonkeyPatch

@@ -17,7 +17,7 @@ import structlog
 
 from daemon import faults, processes
 from daemon.engine.attempt import AHEAD, Phase
-from daemon.store import db
+from daemon.store import db, recovery, tasks
 
 if TYPE_CHECKING:
     from daemon.supervisor import Supervisor
@@ -87,7 +87,23 @@ class RidesOutDatabaseFaults:
         log.info("database_reconnected", after=round(now - self.fault.since, 3) if self.fault else None)
         if self.lease is not None:
             self.lease.reconnected(now)
+        self.attempts_in_doubt = True  # the session lost may have taken a COMMIT with it: see below
         return True
+
+    def _put_back_unheld(self: Supervisor, now: float) -> None:
+        """After a lost session, the rows that name this supervisor in flight with no attempt of
+        its own behind them go back to pending. A COMMIT whose answer the lost session took with it
+        may have been made (`faults.IN_DOUBT`): the loop took that tick for rolled back, and never
+        sent the tasks it claimed (and recorded started) to any process, so they can run again.
+        Everything else in flight under its name is an attempt it holds, or one that ended and
+        waits to be recorded."""
+        held = {rt.task.id for rt in [*self._attempts(), *self.unrecorded, *self._starts]}
+        for task in recovery.in_flight(self.conn, supervisor=self.settings.name):
+            if task.id in held:
+                continue
+            log.warning("unheld_attempt_put_back", task_id=task.id, status=task.status.value, attempt=task.attempt,
+                        reason="claimed in a transaction whose commit was in doubt; never sent to a process")
+            tasks.requeue(self.conn, task.id, now=now, known=task)
 
     def _tick_without_writes(self: Supervisor, now: float) -> float:
         """A tick while the database cannot be written: requests refused, running tasks watched

@@ -366,7 +366,11 @@ class PostgresConnection:
             # stands for (`translate` doubles every one), where with None it sends `%%` as it is.
             cursor = self._execute(text, params, kind, name)
         except psycopg.Error as exc:
-            raise self._error(exc) from exc
+            error = self._error(exc)
+            if kind == COMMIT and (self._given_up_after is not None or db.is_lost(self)):
+                # Sent, and maybe committed: what is known lost is its answer.
+                error.in_doubt = True  # type: ignore[attr-defined]
+            raise error from exc
         finally:
             self._answered()
         if deferred is not None and deferred.pending:
