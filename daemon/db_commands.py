@@ -68,6 +68,11 @@ def copy(sqlite_file: Path, postgres_url: str) -> None:
                 try:
                     copied = copying.copy(source, target, shown_target)
                 except sqlite3.Error as exc:
+                    if getattr(exc, "in_doubt", False):  # its COMMIT was sent, its answer lost
+                        raise CopyRefused(
+                            f"the connection was lost as the copy was being committed: it may have been made "
+                            f"({exc}); a copy made is there to read, and a second copy into it is refused"
+                        ) from None
                     raise CopyRefused(f"the copy failed, nothing was written: {exc}") from None
     click.echo(_summary(copied, shown_target, time.monotonic() - started))
 

@@ -117,7 +117,10 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         # SPEC §13: while the database cannot be written, what the loop still has to record waits
         # here: attempts that ended (their processes released) and, in `running`, their mirrors.
         self.fault: faults.WriteFault | None = None
-        self.attempts_in_doubt = False  # reconnected: rows of ours may have no attempt behind them
+        # Attempts of ticks whose COMMIT was in doubt, never given to a process (`_note_in_doubt`),
+        # and whether this tick put back those whose rows that COMMIT made.
+        self.in_doubt: list[models.Task] = []
+        self._in_doubt_resolved = False
         self.unrecorded: list[Attempt] = []
         # What this tick did that its rollback must undo in memory: attempts it finished (back to
         # `unrecorded`) and attempts it dispatched (their processes back to the pool).
@@ -363,7 +366,9 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 timeout = self._tick(now)
         except BaseException as exc:
             self._tick_due = 0.0  # rolled back: the next tick is a whole one
+            self._in_doubt_resolved = False
             kind = faults.classify(exc)
+            self._note_in_doubt(exc)
             self._roll_back_memory()
             self.queues.restore(queues_before)
             self.idle.resize(self.queues.total_workers)
@@ -372,7 +377,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 raise
             return self._on_database_fault(kind, exc, self.clock() if now is None else now)
         self._tick_due = time.monotonic() + timeout  # committed
-        self.attempts_in_doubt = False
+        if self._in_doubt_resolved:
+            self.in_doubt, self._in_doubt_resolved = [], False
         self._handoff.answer(answers)
         self._handoff.note_commit()
         if self.fault is not None:
@@ -392,7 +398,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         tick does wakes the loop through a handle of its own (an executor's pipe, another
         host's wake-up, a signal's request) or is one of those deadlines."""
         return (
-            calls > 0 and self._calls_without_work == calls and self.fault is None and not self.attempts_in_doubt
+            calls > 0 and self._calls_without_work == calls and self.fault is None and not self.in_doubt
             and self._ready is not None and self._ready <= {self._handoff.wake_fd, self.io}
             and not self._woken_by_host and not self._look_for_replaced
             and time.monotonic() < self._tick_due and not self._claims_left
@@ -412,8 +418,8 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
                 self._revoke(rt, "shutdown", now)
 
     def _tick(self, now: float) -> float:
-        if self.attempts_in_doubt:  # first, while `unrecorded` still holds what ended meanwhile
-            self._put_back_unheld(now)
+        if self.in_doubt:
+            self._put_back_in_doubt(now)
         if self._starts:  # started while the database could not be written: recorded first
             self._record_starts(now)
         if self.unrecorded:  # ended while the database could not be written

@@ -25,7 +25,7 @@ import pytest
 
 from daemon import client, faults, models
 from daemon.errors import DatabaseFault
-from daemon.store import db, supervisors
+from daemon.store import db, supervisors, tasks
 from tests.conftest import wait_for
 from tests.daemon_harness import REPO, Daemon
 from tests.postgres_cluster import Cluster, HeldConnect
@@ -376,14 +376,16 @@ def test_a_server_that_stops_answering_is_ridden_out_and_tasks_go_on_meanwhile(
     assert d.process is not None and d.process.poll() is None
 
 
-def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("meanwhile", ["nothing", "cancelled on another host"])
+def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str, tmp_path: Path, meanwhile: str) -> None:
     """A tick claims and starts a task, and its COMMIT reaches the server, but the answer is lost
     with the connection: the loop takes the tick for rolled back, and the task never goes to a
-    process. After the reconnect the loop finds the row running under its name with no attempt
-    of its own behind it, and puts it back: it then runs, once."""
+    process. After the reconnect the loop puts the row of that attempt back: it then runs, once.
+    A row that moved on meanwhile (cancelled on another host) is left as it is."""
     import psycopg
 
     from daemon.config import Settings
+    from daemon.models import TaskStatus
     from daemon.submission import parse_spec
     from daemon.supervisor import Supervisor
 
@@ -409,23 +411,31 @@ def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str
         return answer
 
     conn._send = send  # type: ignore[attr-defined]
+    other = db.open_database(url)
+
+    def status() -> str:
+        return other.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0]
+
     try:
         task_id = sup.submit([parse_spec({"type": "PRINT"})]).tasks[0].id
         wait_for(lambda: sup.tick() is not None and lost, timeout=30)
         assert sup.fault is not None and task_id not in sup.running  # taken for rolled back
-        other = db.connect_read_only(url)
-        try:
-            assert other.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0] == "running"
-            wait_for(lambda: sup.tick() is not None and
-                     other.execute("SELECT status FROM task WHERE id = ?", (task_id,)).fetchone()[0] == "completed",
-                     timeout=30)
+        assert status() == "running" and [t.id for t in sup.in_doubt] == [task_id]
+        if meanwhile == "cancelled on another host":
+            tasks.transition(other, task_id, TaskStatus.CANCELLED, now=time.time(), expect=[TaskStatus.RUNNING])
+        wait_for(lambda: sup.tick() is not None and sup.fault is None and not sup.in_doubt, timeout=30)
+        attempt = other.execute("SELECT attempt FROM task WHERE id = ?", (task_id,)).fetchone()[0]
+        task_log = tmp_path / "logs" / "tasks" / f"{task_id}.log"
+        if meanwhile == "cancelled on another host":
+            assert (status(), attempt) == ("cancelled", 1)  # left as it is: never run
+            assert not task_log.exists() or "hello on stdout" not in task_log.read_text()
+        else:
+            wait_for(lambda: sup.tick() is not None and status() == "completed", timeout=30)
             attempt = other.execute("SELECT attempt FROM task WHERE id = ?", (task_id,)).fetchone()[0]
-        finally:
-            other.close()
-        assert attempt == 2  # the claim in doubt, and the one after it was put back
-        log = (tmp_path / "logs" / "tasks" / f"{task_id}.log").read_text()
-        assert log.count("hello on stdout") == 1, log  # it ran once
+            assert attempt == 2  # the claim in doubt, and the one after it was put back
+            assert task_log.read_text().count("hello on stdout") == 1  # it ran once
     finally:
+        other.close()
         sup.idle.dismiss_all()
         sup.conn.close()
 

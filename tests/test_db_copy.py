@@ -331,6 +331,25 @@ def test_a_failed_copy_leaves_the_target_as_it_was(source: tuple[Path, dict[str,
         assert len(task_reads.list_tasks(pg_conn)) == 10
 
 
+def test_a_copy_whose_commit_answer_is_lost_says_it_may_have_been_made(
+    source: tuple[Path, dict[str, Any]], target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its COMMIT sent and the connection then lost: the server may have committed it, and
+    "nothing was written" could be untrue."""
+    from daemon.store.postgres import copy as copying
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        error = sqlite3.OperationalError("cannot reach the database: the server did not answer within 60 s")
+        error.in_doubt = True  # type: ignore[attr-defined]  # as PostgresConnection marks such a COMMIT
+        raise error
+
+    monkeypatch.setattr(copying, "copy", lost)
+    result = copy(source[0], target)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: the connection was lost as the copy was being committed: it may have "
+                                    "been made (cannot reach the database: "), result.stderr
+
+
 def test_the_help_says_what_it_does() -> None:
     result = CliRunner().invoke(cli.main, ["db", "copy", "--help"])
     assert result.exit_code == 0

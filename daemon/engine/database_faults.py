@@ -17,7 +17,8 @@ import structlog
 
 from daemon import faults, processes
 from daemon.engine.attempt import AHEAD, Phase
-from daemon.store import db, recovery, tasks
+from daemon.errors import InvalidTransition
+from daemon.store import db, tasks
 
 if TYPE_CHECKING:
     from daemon.supervisor import Supervisor
@@ -87,23 +88,32 @@ class RidesOutDatabaseFaults:
         log.info("database_reconnected", after=round(now - self.fault.since, 3) if self.fault else None)
         if self.lease is not None:
             self.lease.reconnected(now)
-        self.attempts_in_doubt = True  # the session lost may have taken a COMMIT with it: see below
         return True
 
-    def _put_back_unheld(self: Supervisor, now: float) -> None:
-        """After a lost session, the rows that name this supervisor in flight with no attempt of
-        its own behind them go back to pending. A COMMIT whose answer the lost session took with it
-        may have been made (`faults.IN_DOUBT`): the loop took that tick for rolled back, and never
-        sent the tasks it claimed (and recorded started) to any process, so they can run again.
-        Everything else in flight under its name is an attempt it holds, or one that ended and
-        waits to be recorded."""
-        held = {rt.task.id for rt in [*self._attempts(), *self.unrecorded, *self._starts]}
-        for task in recovery.in_flight(self.conn, supervisor=self.settings.name):
-            if task.id in held:
+    def _note_in_doubt(self: Supervisor, exc: BaseException) -> None:
+        """Before a tick whose COMMIT is in doubt (`faults.IN_DOUBT`) is undone in memory: the
+        attempts it started or sent ahead, which no process was given. If the COMMIT was made,
+        their rows are in flight under this supervisor with nothing behind them."""
+        if getattr(exc, "in_doubt", False):
+            self.in_doubt += [rt.task for rt in self._dispatched]
+
+    def _put_back_in_doubt(self: Supervisor, now: float) -> None:
+        """Put back to pending the rows of the attempts noted in doubt that the COMMIT did make:
+        each fenced to its own attempt, so that a row the COMMIT never made, or that moved on since
+        (another host's cancel, a rescue, a later attempt), is left as it is. Only once the
+        sessions lost are gone from the server: a session frozen with the COMMIT in its buffer
+        could still make it after this look."""
+        if not db.lost_sessions_ended(self.conn):
+            return  # looked at again in the next tick
+        for task in self.in_doubt:
+            try:
+                with db.savepoint(self.conn):
+                    tasks.requeue(self.conn, task.id, now=now, known=task)
+            except InvalidTransition:  # never made, or moved on (StaleAttempt too): as it is
                 continue
-            log.warning("unheld_attempt_put_back", task_id=task.id, status=task.status.value, attempt=task.attempt,
-                        reason="claimed in a transaction whose commit was in doubt; never sent to a process")
-            tasks.requeue(self.conn, task.id, now=now, known=task)
+            log.warning("attempt_in_doubt_put_back", task_id=task.id, attempt=task.attempt,
+                        reason="its start was committed as the connection was lost; it was never given to a process")
+        self._in_doubt_resolved = True
 
     def _tick_without_writes(self: Supervisor, now: float) -> float:
         """A tick while the database cannot be written: requests refused, running tasks watched

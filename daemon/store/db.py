@@ -216,6 +216,13 @@ def reconnect(conn: sqlite3.Connection) -> None:
         again()
 
 
+def lost_sessions_ended(conn: sqlite3.Connection) -> bool:
+    """Whether the sessions a connection lost can no longer write (PostgreSQL: gone from the
+    server, `PostgresConnection.lost_sessions_ended`); a SQLite file's connection loses none."""
+    ended = getattr(conn, "lost_sessions_ended", None)
+    return True if ended is None else bool(ended())
+
+
 def set_busy_timeout(conn: sqlite3.Connection, seconds: float) -> None:
     """How long a write waits for another process's write lock (SQLite's; a PostgreSQL writer
     waits for the rows it needs only, and keeps its server's settings)."""

@@ -298,9 +298,12 @@ class PostgresConnection:
         self.answer_lock = threading.Lock()
         self.watched = True  # False: round trips that may rightly wait long (`unwatched`)
         self._given_up_after: float | None = None
-        # The server process of a session given up: ended once a new session is had, so that the
-        # transaction it may hold (and its row locks) does not wait for the server to notice.
-        self._abandoned_pid: int | None = None
+        # The server processes of sessions lost or given up, by pid and start (a pid alone could
+        # name another session after a server restart): ended once a new session is had, so that a
+        # transaction one may hold (its row locks, a COMMIT in its buffer) does not wait for the
+        # server to notice; forgotten once gone (`lost_sessions_ended`).
+        self._lost_sessions: set[tuple[int, str]] = set()
+        self._session = _identity(raw)
         answer_watch.WATCH.watch(self)
         read_only = self.read_only
         self._reconnector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
@@ -327,6 +330,9 @@ class PostgresConnection:
             self._forget_unsent()  # they belonged to the session that is gone
             self._doomed = None
             self._given_up_after = None
+            if self._session is not None:
+                self._lost_sessions.add(self._session)
+                self._session = None
             with contextlib.suppress(psycopg.Error):
                 self.raw.close()
         try:
@@ -336,10 +342,26 @@ class PostgresConnection:
         if raw is None:
             raise _unreachable("still connecting")
         self.raw = raw
-        abandoned, self._abandoned_pid = self._abandoned_pid, None
-        if abandoned is not None:
-            with contextlib.suppress(psycopg.Error):
-                raw.execute("SELECT pg_terminate_backend(%s)", [abandoned])
+        self._session = _identity(raw)
+        with contextlib.suppress(sqlite3.Error):
+            self._lost_sessions &= self._alive("SELECT pg_terminate_backend(pid), ")
+
+    def lost_sessions_ended(self) -> bool:
+        """Whether every session this connection lost is gone from the server: until then one
+        could still commit what it was sent (it ends once it runs again, its termination asked)."""
+        if self._lost_sessions:
+            self._lost_sessions &= self._alive("SELECT ")
+        return not self._lost_sessions
+
+    def _alive(self, select: str) -> set[tuple[int, str]]:
+        """Those of the lost sessions still on the server (`select` starts the statement)."""
+        if not self._lost_sessions:
+            return set()
+        rows = self.execute(
+            f"{select}pid, backend_start::text FROM pg_stat_activity WHERE pid = ANY(?)",
+            ([pid for pid, _ in self._lost_sessions],),
+        ).fetchall()
+        return {(row[-2], row[-1]) for row in rows} & self._lost_sessions
 
     @contextlib.contextmanager
     def unwatched(self) -> Iterator[None]:
@@ -490,12 +512,11 @@ class PostgresConnection:
         # Set first: the owner's thread raises as soon as the socket is shut, and must say why.
         self._given_up_after = limit
         try:
-            self._abandoned_pid = self.raw.info.backend_pid
             if answer_watch.shut(self.raw.pgconn.socket):
                 return
         except psycopg.Error:
             pass
-        self._given_up_after = self._abandoned_pid = None  # not shut (closed meanwhile): nothing was given up
+        self._given_up_after = None  # not shut (closed meanwhile): nothing was given up
 
     def _error(self, exc: psycopg.Error) -> sqlite3.Error:
         if self._given_up_after is not None:
@@ -537,6 +558,17 @@ class PostgresConnection:
 
 # Seconds a reconnection waits for the server: the loop keeps watching its tasks between tries.
 RECONNECT_TIMEOUT = 2
+
+
+def _identity(raw: psycopg.Connection[Any]) -> tuple[int, str] | None:
+    """A session's server process, by pid and start time: what names it on the server alone."""
+    try:
+        row = raw.execute(
+            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+    except psycopg.Error:
+        return None
+    return (row[0], row[1]) if row is not None else None
 
 
 def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connection[Any]:
