@@ -121,6 +121,7 @@ class Supervisor(TakesRequests, Dispatches, RecordsAttempts, StopsAttempts, Ride
         # and whether this tick put back those whose rows that COMMIT made.
         self.in_doubt: list[models.Task] = []
         self._in_doubt_resolved = False
+        self.endings_in_doubt: set[tuple[str, int]] = set()  # (task id, attempt) recorded in doubt
         self.unrecorded: list[Attempt] = []
         # What this tick did that its rollback must undo in memory: attempts it finished (back to
         # `unrecorded`) and attempts it dispatched (their processes back to the pool).

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
@@ -376,24 +376,12 @@ def test_a_server_that_stops_answering_is_ridden_out_and_tasks_go_on_meanwhile(
     assert d.process is not None and d.process.poll() is None
 
 
-@pytest.mark.parametrize("meanwhile", ["nothing", "cancelled on another host"])
-def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str, tmp_path: Path, meanwhile: str) -> None:
-    """A tick claims and starts a task, and its COMMIT reaches the server, but the answer is lost
-    with the connection: the loop takes the tick for rolled back, and the task never goes to a
-    process. After the reconnect the loop puts the row of that attempt back: it then runs, once.
-    A row that moved on meanwhile (cancelled on another host) is left as it is."""
+def _losing_a_commit_answer(conn: sqlite3.Connection, carries: Callable[[str], bool]) -> list[str]:
+    """Make the first COMMIT of a transaction with a statement that `carries` says so reach the
+    server and commit, and then lose its answer with the connection. The list it returns gets
+    that COMMIT once it has happened."""
     import psycopg
 
-    from daemon.config import Settings
-    from daemon.models import TaskStatus
-    from daemon.submission import parse_spec
-    from daemon.supervisor import Supervisor
-
-    sup = Supervisor(Settings(
-        database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
-        executors={"PRINT": "tests.sample_executors:Printer"}, notify=False, warm_spare=False,
-    ))
-    conn = sup.conn
     real_send = conn._send  # type: ignore[attr-defined]
     sent: list[str] = []  # this transaction's statements
     lost: list[str] = []
@@ -402,15 +390,39 @@ def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str
         answer = real_send(text, params)
         sent.append(text)
         if text == "COMMIT":
-            starts = any(earlier.startswith("UPDATE task") and "executor_pid" in earlier for earlier in sent)
+            marked = any(carries(earlier) for earlier in sent)
             sent.clear()
-            if starts and not lost:
+            if marked and not lost:
                 lost.append(text)
-                conn.raw.close()  # committed; its answer goes with the connection
+                conn.raw.close()  # type: ignore[attr-defined]  # committed; its answer goes with the connection
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
         return answer
 
     conn._send = send  # type: ignore[attr-defined]
+    return lost
+
+
+def _in_process_supervisor(url: str, tmp_path: Path, executors: dict[str, str]) -> Any:
+    from daemon.config import Settings
+    from daemon.supervisor import Supervisor
+
+    return Supervisor(Settings(
+        database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+        executors=executors, notify=False, warm_spare=False,
+    ))
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "cancelled on another host"])
+def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str, tmp_path: Path, meanwhile: str) -> None:
+    """A tick claims and starts a task, and its COMMIT reaches the server, but the answer is lost
+    with the connection: the loop takes the tick for rolled back, and the task never goes to a
+    process. After the reconnect the loop puts the row of that attempt back: it then runs, once.
+    A row that moved on meanwhile (cancelled on another host) is left as it is."""
+    from daemon.models import TaskStatus
+    from daemon.submission import parse_spec
+
+    sup = _in_process_supervisor(url, tmp_path, {"PRINT": "tests.sample_executors:Printer"})
+    lost = _losing_a_commit_answer(sup.conn, lambda sql: sql.startswith("UPDATE task") and "executor_pid" in sql)
     other = db.open_database(url)
 
     def status() -> str:
@@ -436,6 +448,68 @@ def test_a_start_whose_commit_answer_was_lost_is_put_back_and_runs_once(url: str
             assert task_log.read_text().count("hello on stdout") == 1  # it ran once
     finally:
         other.close()
+        sup.idle.dismiss_all()
+        sup.conn.close()
+
+
+def test_an_ending_whose_commit_answer_was_lost_has_its_hook_run_once(url: str, tmp_path: Path) -> None:
+    """The COMMIT that records a failure is made, its answer lost: recording the attempt again
+    finds the row failed already, and the executor's on_task_failed, which was to follow that
+    commit, runs then, once."""
+    from daemon.submission import parse_spec
+
+    sup = _in_process_supervisor(url, tmp_path, {"RECORDING_RAISE": "tests.hook_executors:RecordingRaise"})
+    lost = _losing_a_commit_answer(sup.conn, lambda sql: sql.startswith("UPDATE task") and "error_type" in sql)
+    hook_file = tmp_path / "hook.jsonl"
+    try:
+        task_id = sup.submit([parse_spec({"type": "RECORDING_RAISE", "payload": {"hook_file": str(hook_file)}})]).tasks[0].id
+        wait_for(lambda: sup.tick() is not None and lost, timeout=30)
+        assert sup.fault is not None and not hook_file.exists()  # taken for rolled back: no hook yet
+        wait_for(lambda: sup.tick() is not None and sup.fault is None and hook_file.exists(), timeout=30)
+        sup.tick()
+        lines = [json.loads(line) for line in hook_file.read_text().splitlines()]
+        assert [(line["task_id"], line["status"]) for line in lines] == [(task_id, "failed")]
+        assert tasks.get(sup.conn, task_id).status.value == "failed"
+    finally:
+        sup.idle.dismiss_all()
+        sup.conn.close()
+
+
+def test_a_start_sent_ahead_recorded_by_a_commit_in_doubt_runs_on(url: str, tmp_path: Path) -> None:
+    """A task sent ahead starts in its process, and the COMMIT that records its start (with the
+    ending of the task before it) is made but its answer lost. Recording the start again finds the
+    row running at that very attempt, in that very process: the task runs on and is recorded, not
+    taken for cancelled. Each runs once."""
+    from daemon.config import Settings
+    from daemon.queues import QueueConfig
+    from daemon.submission import parse_spec
+    from daemon.supervisor import Supervisor
+
+    sup = Supervisor(Settings(
+        database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
+        executors={"TALLY": "tests.prefetch_executors:Tally"}, notify=False, warm_spare=False,
+        max_workers=1, tasks_per_process=50, queues={"default": QueueConfig("default", 1, prefetch=1)},
+    ))
+    tally, go, go_on = tmp_path / "tally", tmp_path / "go", tmp_path / "go on"
+    try:
+        first = sup.submit([parse_spec({"type": "TALLY", "payload": {"tally": str(tally), "go_file": str(go)}})])
+        second = sup.submit([parse_spec({"type": "TALLY", "payload": {"tally": str(tally), "go_file": str(go_on)}})])
+        first_id, second_id = first.tasks[0].id, second.tasks[0].id
+        wait_for(lambda: sup.tick() is not None and first_id in sup.running and second_id in sup.ahead, timeout=30)
+        lost = _losing_a_commit_answer(sup.conn, lambda sql: sql.startswith("UPDATE task") and "executor_pid" in sql)
+        go.touch()  # the first ends, and the second starts in the same process
+        wait_for(lambda: sup.tick() is not None and lost, timeout=30)
+        other = db.connect_read_only(url)
+        try:
+            assert sup.fault is not None and tasks.get(other, second_id).status.value == "running"  # it was made
+            wait_for(lambda: sup.tick() is not None and sup.fault is None and not sup._starts, timeout=30)
+            go_on.touch()
+            wait_for(lambda: sup.tick() is not None
+                     and all(tasks.get(other, t).status.value == "completed" for t in (first_id, second_id)), timeout=30)
+        finally:
+            other.close()
+        assert sorted(line.split()[0] for line in tally.read_text().splitlines()) == sorted([first_id, second_id])
+    finally:
         sup.idle.dismiss_all()
         sup.conn.close()
 

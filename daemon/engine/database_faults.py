@@ -92,10 +92,13 @@ class RidesOutDatabaseFaults:
 
     def _note_in_doubt(self: Supervisor, exc: BaseException) -> None:
         """Before a tick whose COMMIT is in doubt (`faults.IN_DOUBT`) is undone in memory: the
-        attempts it started or sent ahead, which no process was given. If the COMMIT was made,
-        their rows are in flight under this supervisor with nothing behind them."""
+        attempts it started or sent ahead, which no process was given (if the COMMIT was made,
+        their rows are in flight under this supervisor with nothing behind them), and those whose
+        endings it recorded (if it was made, recording them again finds their rows ended already,
+        and what was to follow the commit, their hooks, must happen then)."""
         if getattr(exc, "in_doubt", False):
             self.in_doubt += [rt.task for rt in self._dispatched]
+            self.endings_in_doubt |= {(rt.task.id, rt.task.attempt) for rt in self._finished}
 
     def _put_back_in_doubt(self: Supervisor, now: float) -> None:
         """Put back to pending the rows of the attempts noted in doubt that the COMMIT did make:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import structlog
 
-from daemon import faults, messages, outcomes
+from daemon import faults, messages, models, outcomes
 from daemon.engine import executor_processes
 from daemon.engine.attempt import Attempt, Phase
 from daemon.errors import InvalidTransition
@@ -204,6 +204,8 @@ class RecordsAttempts:
                 self._note(outcomes.record_attempt(self.conn, self.settings, rt, rt.ended_at))
                 self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
         except InvalidTransition:
+            if self.endings_in_doubt and self._recorded_in_doubt(rt):
+                return
             # The row is no longer `running` (a bug of ours let something else change it):
             # retrying would fail for ever; what the row says now stands.
             rt.log.exception("outcome_not_recorded", retried=False)
@@ -214,6 +216,29 @@ class RecordsAttempts:
             # attempt behind it.
             rt.log.exception("outcome_not_recorded", retried=True)
             self.unrecorded.append(rt)
+
+    def _recorded_in_doubt(self: Supervisor, rt: Attempt) -> bool:
+        """Whether `rt`'s ending was recorded by a COMMIT that was in doubt and had been made (its
+        row ended, at its attempt): then what was to follow that commit is done now, once (the
+        finished count, the executor's on_task_failed, the observers), and nothing is written."""
+        key = (rt.task.id, rt.task.attempt)
+        if key not in self.endings_in_doubt:
+            return False
+        self.endings_in_doubt.discard(key)
+        row = tasks.find(self.conn, rt.task.id)
+        if (row is None or row.attempt != rt.task.attempt or row.supervisor != rt.task.supervisor
+                or row.status in (TaskStatus.RUNNING, TaskStatus.CLAIMED)):
+            return False
+        rt.log.warning("outcome_found_recorded", status=row.status.value,
+                       reason="the commit that recorded it was in doubt, and had been made")
+        if row.status in models.TERMINAL_STATUSES:
+            self._outbox.append(functools.partial(self._count_finished, row.status))
+            if row.status is not TaskStatus.COMPLETED and rt.executor is not None:
+                self._outbox.append(outcomes.failure_hook(rt.executor, row))
+        else:
+            self._delayed_possible = True  # retried: it waits out its delay
+        self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
+        return True
 
     def _count_finished(self: Supervisor, status: str) -> None:
         self.finished_counts[status] += 1

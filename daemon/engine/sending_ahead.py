@@ -215,12 +215,18 @@ class SendsAhead:
                         is_pausable=rt.pausable,
                     )
             except InvalidTransition:
-                # Its row changed meanwhile (its run was cancelled): it must not run on.
-                rt.log.warning("started_task_not_claimed", status=tasks.get(self.conn, before.id).status.value)
-                self._starts.pop(0)
-                rt.start_recorded = True
-                self._request_stop(before.id, "cancel", now)
-                continue
+                row = tasks.get(self.conn, before.id)
+                if _started_already(row, before):
+                    # Recorded by a COMMIT that was in doubt and had been made (`_note_in_doubt`):
+                    # the same attempt of ours, in the same process. It runs on.
+                    rt.task = row
+                else:
+                    # Its row changed meanwhile (its run was cancelled): it must not run on.
+                    rt.log.warning("started_task_not_claimed", status=row.status.value)
+                    self._starts.pop(0)
+                    rt.start_recorded = True
+                    self._request_stop(before.id, "cancel", now)
+                    continue
             self._starts.pop(0)
             rt.start_recorded = True
             self._starts_recorded.append((rt, before))
@@ -283,3 +289,10 @@ class SendsAhead:
         if rt.phase is Phase.REVOKING and rt.token:
             rt.process.revoke(rt.token)
             rt.log.info("task_revoke_requested", reason=rt.revoke_reason)
+
+
+def _started_already(row: Task, claimed: Task) -> bool:
+    """Whether `row` is the start of the attempt `claimed` names, in the process it was sent to."""
+    return (row.status is models.TaskStatus.RUNNING and row.attempt == claimed.attempt
+            and row.supervisor == claimed.supervisor and row.executor_pid == claimed.executor_pid
+            and row.executor_started_at == claimed.executor_started_at)

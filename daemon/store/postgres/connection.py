@@ -51,6 +51,7 @@ and `fredica status` never pay for it.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import re
 import sqlite3
@@ -59,6 +60,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
+import psycopg.conninfo
 import psycopg.pq
 import psycopg.sql
 
@@ -299,12 +301,15 @@ class PostgresConnection:
         self.watched = True  # False: round trips that may rightly wait long (`unwatched`)
         self._given_up_after: float | None = None
         # The server processes of sessions lost or given up, by pid and start (a pid alone could
-        # name another session after a server restart): ended once a new session is had, so that a
-        # transaction one may hold (its row locks, a COMMIT in its buffer) does not wait for the
-        # server to notice; forgotten once gone (`lost_sessions_ended`).
-        self._lost_sessions: set[tuple[int, str]] = set()
-        self._session = _identity(raw)
+        # name another session after a server restart; a start not known: None): ended once a
+        # new session is had, so that a transaction one may hold (its row locks, a COMMIT in its
+        # buffer) does not wait for the server to notice; forgotten once gone
+        # (`lost_sessions_ended`). Behind a pooler (`notify_wakeups` off: PgBouncer in transaction
+        # mode) a server process is not this session's: none is kept, nor ever ended.
+        self._lost_sessions: set[tuple[int, datetime.datetime | None]] = set()
+        self._session: tuple[int, datetime.datetime | None] | None = None
         answer_watch.WATCH.watch(self)
+        self._session = self._identity()
         read_only = self.read_only
         self._reconnector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
             lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
@@ -330,9 +335,9 @@ class PostgresConnection:
             self._forget_unsent()  # they belonged to the session that is gone
             self._doomed = None
             self._given_up_after = None
-            if self._session is not None:
+            if self._session is not None and self.notify_wakeups:
                 self._lost_sessions.add(self._session)
-                self._session = None
+            self._session = None
             with contextlib.suppress(psycopg.Error):
                 self.raw.close()
         try:
@@ -342,26 +347,40 @@ class PostgresConnection:
         if raw is None:
             raise _unreachable("still connecting")
         self.raw = raw
-        self._session = _identity(raw)
+        self._session = self._identity()
         with contextlib.suppress(sqlite3.Error):
-            self._lost_sessions &= self._alive("SELECT pg_terminate_backend(pid), ")
+            self.lost_sessions_ended()  # asks the server to end them, at once
+
+    def _identity(self) -> tuple[int, datetime.datetime | None]:
+        """This session's server process: its pid, and when it started (None if that could not be
+        read): the two name it on the server, where a pid alone may be another's after a restart."""
+        pid = self.raw.info.backend_pid
+        try:
+            row = self.execute("SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
+        except sqlite3.Error:
+            return pid, None
+        return pid, row[0] if row is not None else None
 
     def lost_sessions_ended(self) -> bool:
         """Whether every session this connection lost is gone from the server: until then one
-        could still commit what it was sent (it ends once it runs again, its termination asked)."""
-        if self._lost_sessions:
-            self._lost_sessions &= self._alive("SELECT ")
-        return not self._lost_sessions
-
-    def _alive(self, select: str) -> set[tuple[int, str]]:
-        """Those of the lost sessions still on the server (`select` starts the statement)."""
+        could still commit what it was sent. Each look asks the server to end those it can name
+        for sure (pid and start); one whose start is not known is waited for."""
         if not self._lost_sessions:
-            return set()
-        rows = self.execute(
-            f"{select}pid, backend_start::text FROM pg_stat_activity WHERE pid = ANY(?)",
-            ([pid for pid, _ in self._lost_sessions],),
+            return True
+        pids = [pid for pid, _ in self._lost_sessions]
+        starts = [start for _, start in self._lost_sessions]
+        lost = "unnest(?::int[], ?::timestamptz[]) AS lost (pid, started)"
+        self.execute(f"SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity AS a JOIN {lost}"
+                     " ON a.pid = lost.pid AND a.backend_start = lost.started", (pids, starts)).fetchall()
+        alive = self.execute(
+            f"SELECT a.pid, a.backend_start FROM pg_stat_activity AS a JOIN {lost}"
+            " ON a.pid = lost.pid AND (lost.started IS NULL OR a.backend_start = lost.started)", (pids, starts),
         ).fetchall()
-        return {(row[-2], row[-1]) for row in rows} & self._lost_sessions
+        self._lost_sessions = {
+            (pid, start) for pid, start in self._lost_sessions
+            if any(row[0] == pid and (start is None or row[1] == start) for row in alive)
+        }
+        return not self._lost_sessions
 
     @contextlib.contextmanager
     def unwatched(self) -> Iterator[None]:
@@ -560,21 +579,12 @@ class PostgresConnection:
 RECONNECT_TIMEOUT = 2
 
 
-def _identity(raw: psycopg.Connection[Any]) -> tuple[int, str] | None:
-    """A session's server process, by pid and start time: what names it on the server alone."""
-    try:
-        row = raw.execute(
-            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
-        ).fetchone()
-    except psycopg.Error:
-        return None
-    return (row[0], row[1]) if row is not None else None
-
-
 def _raw_connection(url: str, read_only: bool, **options: Any) -> psycopg.Connection[Any]:
     # A connect to a server that does not answer waits for connect_timeout (libpq's, whole
     # seconds, at least 2), not for ever: a reader's thread reconnects after a session given up.
-    options.setdefault("connect_timeout", max(2, round(answer_watch.WATCH.limit)))
+    # One the URL sets is its user's (a keyword given here would override it).
+    if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(url):
+        options.setdefault("connect_timeout", max(2, round(answer_watch.WATCH.limit)))
     raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **options)
     if read_only:
         raw.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
