@@ -47,6 +47,7 @@ class StallingProxy:
         os.chmod(directory / ".s.PGSQL.5432", 0o777)
         self._listener.listen(16)
         self._closed = False
+        self.partitioned = False  # new connections get through to nothing either (`partition`)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, database_url: str) -> str:
@@ -64,6 +65,8 @@ class StallingProxy:
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.connect(self.target)
             link = Link(client, server)
+            if self.partitioned:  # the server never hears of it: a connect that waits in vain
+                link.cut.set()
             self.links.append(link)
             threading.Thread(target=link.relay, args=(client, server), daemon=True).start()
             threading.Thread(target=link.relay, args=(server, client), daemon=True).start()
@@ -72,6 +75,15 @@ class StallingProxy:
         """Every connection made so far stops passing anything; new ones pass as ever."""
         for link in self.links:
             link.cut.set()
+
+    def partition(self) -> None:
+        """Cut every connection, and every one made from now on, until `heal`."""
+        self.partitioned = True
+        self.cut_all()
+
+    def heal(self) -> None:
+        """Connections made from now on get through again (those cut stay cut, as TCP's would)."""
+        self.partitioned = False
 
     def close(self) -> None:
         self._closed = True

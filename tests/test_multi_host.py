@@ -1,8 +1,9 @@
 """Several supervisors sharing one PostgreSQL queue, as on several hosts, on one machine (SPEC
 §16): real daemons of different names, each with its own config, socket and logs. One killed -9
 while it runs tasks is rescued by the others once its lease expires (no task runs twice, none is
-lost, every interruption is in the restart log); a server restart under load is ridden out by
-every one of them."""
+lost, every interruption is in the restart log); so is one cut off by a network partition, which
+stops its attempts once it is back; a server restart under load is ridden out by every one of
+them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 from daemon import models
@@ -19,6 +21,7 @@ from tests.conftest import wait_for
 from tests.daemon_harness import Daemon
 from tests.postgres_cluster import Cluster, url  # noqa: F401 (url: a database of each test's own)
 from tests.shared_queue_executors import tallied
+from tests.stalling_proxy import StallingProxy
 
 TERMINAL = {status.value for status in models.TERMINAL_STATUSES}
 # Small, so that an expiry comes quickly: a lease of 2 s renewed every 0.5 s. Polling stands in
@@ -54,6 +57,13 @@ def tasks_of(d: Daemon, ids: list[str]) -> dict[str, dict[str, Any]]:
 def all_ended(d: Daemon, ids: list[str]) -> dict[str, dict[str, Any]] | None:
     found = tasks_of(d, ids)
     return found if all(t["status"] in TERMINAL for t in found.values()) else None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def lease_names(url: str) -> list[str]:
@@ -108,6 +118,46 @@ def test_a_supervisor_killed_while_it_runs_tasks_is_rescued_by_the_others(
     assert gamma.task(alive)["supervisor"] == "alpha" and gamma.task(alive)["status"] == "cancelled"
     assert any(e["event"] == "supervisor_rescued" and e["supervisor"] == "beta"
                for e in alpha.log_events() + gamma.log_events())
+
+
+def test_a_supervisor_cut_off_by_the_network_is_rescued_and_stops_its_attempts_once_back(
+    supervisor: Callable[[str], Daemon], url: str, tmp_path: Path, postgres_cluster: Cluster
+) -> None:
+    """A network partition between one supervisor and the database: its connections stay open and
+    nothing gets through them, nor through new ones. The others rescue its tasks once its lease
+    has expired, as a dead one's. It gives its sessions up and keeps steering; once the network is
+    back it reconnects, finds its attempts no longer current and stops them, and what they write
+    changes nothing. Each task ran once and ends in one state, its interruption in the restart log."""
+    relay = tmp_path / "relay"
+    relay.mkdir()
+    proxy = StallingProxy(relay, Path(postgres_cluster.socket_dir))
+    alpha = Daemon(tmp_path / "alpha", database=proxy.url(url), name="alpha",
+                   executors={"TALLY": "tests.shared_queue_executors:Tally"}, database_answer_timeout=1, **SHARED)
+    try:
+        alpha.start()
+        ids = [alpha.submit("TALLY", payload=tally(tmp_path)) for _ in range(2)]
+        wait_for(lambda: len(tallied(tmp_path / "tally")) == 2, timeout=60)  # both run in alpha
+        beta = supervisor("beta")
+        proxy.partition()
+        rescued = wait_for(lambda: all((t := beta.task(i))["status"] == "failed" for i in ids)
+                           and [beta.task(i) for i in ids], timeout=60)
+        assert {(t["error_type"], t["supervisor"]) for t in rescued} == {(models.INTERRUPTED, "alpha")}
+        assert sorted((e["task_id"], e["status_at_restart"]) for e in beta.data("restarts")) == sorted(
+            (i, "running") for i in ids)
+        wait_for(lambda: any(e["event"] == "database_fault" and "did not answer within 1 s" in str(e.get("error"))
+                             for e in alpha.log_events()), timeout=30)
+        proxy.heal()
+        wait_for(lambda: {e["task_id"] for e in alpha.log_events() if e["event"] == "attempt_no_longer_current"}
+                 >= set(ids), timeout=60)
+        pids = [int(line.split()[1]) for line in (tmp_path / "tally").read_text().splitlines()]
+        wait_for(lambda: all(_gone(pid) for pid in pids), timeout=30)  # stopped by alpha: the gate is still shut
+        (tmp_path / "gate").touch()
+        assert {(beta.task(i)["status"], beta.task(i)["error_type"]) for i in ids} == {("failed", models.INTERRUPTED)}
+        assert Counter(tallied(tmp_path / "tally")) == Counter(ids)  # each ran once
+        assert alpha.process is not None and alpha.process.poll() is None
+    finally:
+        alpha.kill_if_running()
+        proxy.close()
 
 
 def test_every_supervisor_rides_out_a_server_restart_under_load(
