@@ -309,6 +309,37 @@ def test_a_session_whose_server_stops_answering_is_given_up_as_lost(url: str) ->
         conn.close()
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_lost_session_counts_as_ended_only_once_gone_from_the_server(url: str, pooled: bool) -> None:
+    # A frozen server process may still run the COMMIT in its buffer once it runs again: until it
+    # is gone, what its COMMIT did is not known. Behind a pooler (notify = false) the server
+    # process is not the session's, and none is waited for.
+    conn = db.open_database(url)
+    conn.notify_wakeups = not pooled  # type: ignore[attr-defined]  # as the supervisor sets it
+    try:
+        server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with frozen([server_pid]):
+            with answer_limit(0.5):
+                assert isinstance(_statement_in_a_thread(conn, "SELECT 1"), sqlite3.OperationalError)
+            wait_for(lambda: _reconnected(conn), 30)
+            assert db.lost_sessions_ended(conn) is pooled  # still on the server, stopped
+        if not pooled:  # its end was asked for: it goes as soon as it runs again
+            wait_for(lambda: db.lost_sessions_ended(conn), 30)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("in_url", [False, True])
+def test_a_connect_waits_for_its_timeout_and_one_the_url_sets_is_kept(url: str, in_url: bool) -> None:
+    from daemon.store.postgres import connection
+
+    raw = connection._raw_connection(url + ("&connect_timeout=7" if in_url else ""), read_only=True)
+    try:
+        assert f"connect_timeout={7 if in_url else 60}" in raw.info.dsn, raw.info.dsn
+    finally:
+        raw.close()
+
+
 def test_a_session_cut_off_by_the_network_is_given_up_and_its_transaction_ended(
     postgres_cluster: Cluster, url: str, tmp_path: Path
 ) -> None:
@@ -403,13 +434,13 @@ def _losing_a_commit_answer(conn: sqlite3.Connection, carries: Callable[[str], b
     return lost
 
 
-def _in_process_supervisor(url: str, tmp_path: Path, executors: dict[str, str]) -> Any:
+def _in_process_supervisor(url: str, tmp_path: Path, executors: dict[str, str], **options: Any) -> Any:
     from daemon.config import Settings
     from daemon.supervisor import Supervisor
 
     return Supervisor(Settings(
         database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
-        executors=executors, notify=False, warm_spare=False,
+        executors=executors, notify=False, warm_spare=False, **options,
     ))
 
 
@@ -481,16 +512,11 @@ def test_a_start_sent_ahead_recorded_by_a_commit_in_doubt_runs_on(url: str, tmp_
     ending of the task before it) is made but its answer lost. Recording the start again finds the
     row running at that very attempt, in that very process: the task runs on and is recorded, not
     taken for cancelled. Each runs once."""
-    from daemon.config import Settings
     from daemon.queues import QueueConfig
     from daemon.submission import parse_spec
-    from daemon.supervisor import Supervisor
 
-    sup = Supervisor(Settings(
-        database=url, name="alpha", socket=tmp_path / "control.sock", log_dir=tmp_path / "logs",
-        executors={"TALLY": "tests.prefetch_executors:Tally"}, notify=False, warm_spare=False,
-        max_workers=1, tasks_per_process=50, queues={"default": QueueConfig("default", 1, prefetch=1)},
-    ))
+    sup = _in_process_supervisor(url, tmp_path, {"TALLY": "tests.prefetch_executors:Tally"}, max_workers=1,
+                                 tasks_per_process=50, queues={"default": QueueConfig("default", 1, prefetch=1)})
     tally, go, go_on = tmp_path / "tally", tmp_path / "go", tmp_path / "go on"
     try:
         first = sup.submit([parse_spec({"type": "TALLY", "payload": {"tally": str(tally), "go_file": str(go)}})])

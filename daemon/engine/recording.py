@@ -231,12 +231,10 @@ class RecordsAttempts:
             return False
         rt.log.warning("outcome_found_recorded", status=row.status.value,
                        reason="the commit that recorded it was in doubt, and had been made")
-        if row.status in models.TERMINAL_STATUSES:
-            self._outbox.append(functools.partial(self._count_finished, row.status))
-            if row.status is not TaskStatus.COMPLETED and rt.executor is not None:
-                self._outbox.append(outcomes.failure_hook(rt.executor, row))
-        else:
-            self._delayed_possible = True  # retried: it waits out its delay
+        finished = row.status if row.status in models.TERMINAL_STATUSES else None  # None: retried
+        failed = finished not in (None, TaskStatus.COMPLETED) and rt.executor is not None
+        self._note(outcomes.Recorded(finished, outcomes.failure_hook(rt.executor, row) if failed else None,
+                                     retried=finished is None))
         self._outbox.extend(functools.partial(observe, rt) for observe in self.attempt_observers)
         return True
 

@@ -306,10 +306,10 @@ class PostgresConnection:
         # buffer) does not wait for the server to notice; forgotten once gone
         # (`lost_sessions_ended`). Behind a pooler (`notify_wakeups` off: PgBouncer in transaction
         # mode) a server process is not this session's: none is kept, nor ever ended.
+        # Only the writer's: a read-only session holds no transaction a later writer waits for.
         self._lost_sessions: set[tuple[int, datetime.datetime | None]] = set()
-        self._session: tuple[int, datetime.datetime | None] | None = None
         answer_watch.WATCH.watch(self)
-        self._session = self._identity()
+        self._session = None if read_only else self._identity()
         read_only = self.read_only
         self._reconnector: connecting.Connector[psycopg.Connection[Any]] = connecting.Connector(
             lambda: _raw_connection(url, read_only, connect_timeout=RECONNECT_TIMEOUT),
@@ -347,7 +347,7 @@ class PostgresConnection:
         if raw is None:
             raise _unreachable("still connecting")
         self.raw = raw
-        self._session = self._identity()
+        self._session = None if self.read_only else self._identity()
         with contextlib.suppress(sqlite3.Error):
             self.lost_sessions_ended()  # asks the server to end them, at once
 
@@ -369,11 +369,9 @@ class PostgresConnection:
             return True
         pids = [pid for pid, _ in self._lost_sessions]
         starts = [start for _, start in self._lost_sessions]
-        lost = "unnest(?::int[], ?::timestamptz[]) AS lost (pid, started)"
-        self.execute(f"SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity AS a JOIN {lost}"
-                     " ON a.pid = lost.pid AND a.backend_start = lost.started", (pids, starts)).fetchall()
         alive = self.execute(
-            f"SELECT a.pid, a.backend_start FROM pg_stat_activity AS a JOIN {lost}"
+            "SELECT a.pid, a.backend_start, CASE WHEN a.backend_start = lost.started THEN pg_terminate_backend(a.pid) END"
+            " FROM pg_stat_activity AS a JOIN unnest(?::int[], ?::timestamptz[]) AS lost (pid, started)"
             " ON a.pid = lost.pid AND (lost.started IS NULL OR a.backend_start = lost.started)", (pids, starts),
         ).fetchall()
         self._lost_sessions = {
